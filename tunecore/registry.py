@@ -1,0 +1,91 @@
+"""Name -> component class, per role. The registry owns the names.
+
+It calls every plugin's registration hooks one plugin at a time, so that it knows which
+distribution registered which class: a duplicate name is an error naming both distributions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from tunecore.errors import PluginError
+from tunecore.interfaces import ROLE_LABELS, ROLES, Component
+
+if TYPE_CHECKING:
+    import pluggy
+    import tvm
+
+_ROLE_HOOKS = {
+    "search": "tunecore_register_search_policies",
+    "cost_model": "tunecore_register_cost_models",
+    "store": "tunecore_register_record_stores",
+    "measurer": "tunecore_register_measurers",
+}
+
+
+@dataclasses.dataclass
+class Entry:
+    role: str
+    cls: type[Component]
+    plugin: object
+    distribution: str
+
+
+class Registry:
+    def __init__(self, pm: pluggy.PluginManager | None = None):
+        from tunecore.plugins import distribution_of, get_plugin_manager
+
+        self.pm = pm or get_plugin_manager()
+        self._entries: dict[str, dict[str, Entry]] = {role: {} for role in ROLES}
+        for role, hook_name in _ROLE_HOOKS.items():
+            for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
+                dist = distribution_of(self.pm, impl.plugin)[0]
+                impl.function(register=self._registrar(role, impl.plugin, dist))
+
+    def _registrar(self, role: str, plugin: object, dist: str):
+        base = ROLES[role]
+        label = ROLE_LABELS[role]
+
+        def register(cls: type) -> None:
+            if not (isinstance(cls, type) and issubclass(cls, base)):
+                raise PluginError(f"{dist} registered {cls!r} as a {label}, but it does not subclass {base.__name__}")
+            name = getattr(cls, "name", None)
+            if not isinstance(name, str) or not name:
+                raise PluginError(f"{dist} registered {label} {cls.__name__} without a `name` attribute")
+            existing = self._entries[role].get(name)
+            if existing is not None and existing.cls is not cls:
+                raise PluginError(
+                    f"{label} '{name}' is registered twice: by {existing.distribution} "
+                    f"({existing.cls.__module__}.{existing.cls.__qualname__}) and by {dist} "
+                    f"({cls.__module__}.{cls.__qualname__}); uninstall one of them"
+                )
+            self._entries[role][name] = Entry(role, cls, plugin, dist)
+
+        return register
+
+    def names(self, role: str) -> list[str]:
+        return sorted(self._entries[role])
+
+    def entries(self) -> list[Entry]:
+        return [e for role in ROLES for e in self._entries[role].values()]
+
+    def get(self, role: str, name: str) -> type[Component]:
+        entry = self._entries[role].get(name)
+        if entry is None:
+            label = ROLE_LABELS[role]
+            installed = ", ".join(self.names(role)) or "none"
+            raise PluginError(
+                f"unknown {label} '{name}'; installed: {installed} (run `tunecore plugins` to see where they come from)"
+            )
+        return entry.cls
+
+    def check_target(self, target: tvm.target.Target, **chosen: str) -> None:
+        """Refuse, before any work starts, a component that cannot serve ``target``.
+
+        ``chosen`` maps role -> name, e.g. ``search="ansor", measurer="local"``.
+        """
+        for role, name in chosen.items():
+            reason = self.get(role, name).unsupported_reason(target)
+            if reason:
+                raise PluginError(f"{ROLE_LABELS[role]} '{name}' cannot be used with target {target.kind.name}: {reason}")
