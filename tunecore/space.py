@@ -1,0 +1,170 @@
+"""A task's design space: its sketches (MetaSchedule space generator), postprocessors and samplers.
+
+Also the one place that knows how traces become JSON and back, and how a program is keyed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import tvm
+
+    from tunecore.interfaces import Task
+
+# The tensor-intrinsic modules a target's schedule rules may refer to. Importing the whole
+# tvm.s_tir.tensor_intrin package costs ~37 s here (mostly CUDA intrinsics); one module costs < 1 s.
+_INTRINSICS_BY_KIND = {
+    "llvm": {"x86_64": "x86", "i386": "x86", "aarch64": "arm_cpu", "arm": "arm_cpu", "riscv64": "riscv_cpu"},
+    "cuda": "cuda",
+    "rocm": "rocm",
+    "metal": "metal",
+    "hexagon": "hexagon",
+}
+
+
+def load_tensor_intrinsics(target: tvm.target.Target) -> None:
+    """Register the tensor intrinsics ``target`` can use, and only those.
+
+    TuneContext imports ``tvm.s_tir.tensor_intrin`` (every intrinsic of every backend) on
+    construction; a package stub with the real path makes that import free and lets each
+    submodule be imported on its own.
+    """
+    import tvm.s_tir
+
+    package = "tvm.s_tir.tensor_intrin"
+    if package not in sys.modules:
+        stub = types.ModuleType(package)
+        stub.__path__ = [os.path.join(os.path.dirname(tvm.s_tir.__file__), "tensor_intrin")]
+        stub.__package__ = package
+        sys.modules[package] = stub
+    entry = _INTRINSICS_BY_KIND.get(target.kind.name)
+    if isinstance(entry, dict):
+        triple = str(target.attrs.get("mtriple", "")) or _host_triple()
+        entry = entry.get(triple.split("-")[0])
+    if entry:
+        importlib.import_module(f"{package}.{entry}")
+
+
+def _host_triple() -> str:
+    from tvm.target import codegen
+
+    return str(codegen.llvm_get_system_triple())
+
+
+def to_plain(obj: Any) -> Any:
+    """TVM's JSON-able objects (arrays, maps, IntImm...) as plain Python values."""
+    import tvm
+
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, tvm.tirx.IntImm):
+        return int(obj.value)
+    if isinstance(obj, tvm.tirx.FloatImm):
+        return float(obj.value)
+    if hasattr(obj, "items"):
+        return {str(k): to_plain(v) for k, v in obj.items()}
+    return [to_plain(x) for x in obj]
+
+
+def to_plain_json(obj: Any) -> str:
+    return json.dumps(to_plain(obj), separators=(",", ":"))
+
+
+def trace_to_json(trace: Any) -> str:
+    """A trace with its decisions and postprocessors, as MetaSchedule's JSON databases write it."""
+    return to_plain_json(trace.as_json(remove_postproc=False))
+
+
+def new_schedule(mod: tvm.IRModule, seed: int = -1) -> Any:
+    from tvm.s_tir.schedule import Schedule
+
+    return Schedule(mod, seed=seed if seed > 0 else None, debug_mask=0, error_render_level="detail")
+
+
+def replay_trace_json(mod: tvm.IRModule, trace_json: str) -> Any:
+    """The schedule a stored trace produces on ``mod`` (raises RuntimeError if it does not apply)."""
+    from tvm.s_tir.schedule import Trace
+
+    sch = new_schedule(mod)
+    Trace.apply_json_to_schedule(json.loads(trace_json), sch)
+    return sch
+
+
+def schedule_key(sch: Any) -> str:
+    """Identity of the program a schedule produced: equal programs, equal keys."""
+    import tvm_ffi
+
+    return format(tvm_ffi.structural_hash(sch.mod), "016x")
+
+
+class DesignSpace:
+    """The sketches MetaSchedule's space generator derives for a task on its target, and ways to fill them in.
+
+    A sketch is a trace whose sampling instructions (tile sizes, unroll, compute location...) still
+    have to be decided; ``sample`` decides them at random and applies the postprocessors.
+    """
+
+    def __init__(self, task: Task, seed: int = 0, space: str = "post-order-apply"):
+        from tvm.s_tir import meta_schedule as ms
+
+        self.task = task
+        load_tensor_intrinsics(task.target)
+        self.context = ms.TuneContext(
+            mod=task.mod,
+            target=task.target,
+            space_generator=space,
+            task_name=task.name,
+            rand_state=_rand_state(seed),
+            num_threads=1,
+        )
+        self.sketches = list(self.context.generate_design_space())
+        self.postprocs = list(self.context.space_generator.postprocs)
+        self.rng = np.random.default_rng(seed)
+
+    def apply_postprocs(self, sch: Any) -> bool:
+        """Postprocess in place; False if the schedule turned out invalid."""
+        try:
+            return all(p.apply(sch) for p in self.postprocs)
+        except Exception:  # a postprocessor can throw on a schedule it finds malformed: invalid
+            return False
+
+    def sample(self, sketch_index: int | None = None) -> Any | None:
+        """A random schedule from one sketch (random sketch if None); None if it came out invalid."""
+        from tvm.s_tir.schedule import Trace
+
+        if not self.sketches:
+            return None
+        if sketch_index is None:
+            sketch_index = int(self.rng.integers(len(self.sketches)))
+        sch = new_schedule(self.task.mod, seed=int(self.rng.integers(1, 2**31 - 1)))
+        try:
+            Trace(self.sketches[sketch_index].trace.insts, {}).apply_to_schedule(sch, remove_postproc=True)
+        except Exception:  # schedule primitives refuse some random decisions: invalid sample
+            return None
+        return sch if self.apply_postprocs(sch) else None
+
+    def apply(self, trace: Any, keep_decisions: bool = True) -> Any | None:
+        """Replay a trace (e.g. a mutated or transferred one) on this task with postprocessors; None if invalid."""
+        from tvm.s_tir.schedule import Trace
+
+        sch = new_schedule(self.task.mod, seed=int(self.rng.integers(1, 2**31 - 1)))
+        if not keep_decisions:
+            trace = Trace(trace.insts, {})
+        try:
+            trace.apply_to_schedule(sch, remove_postproc=True)
+        except Exception:
+            return None
+        return sch if self.apply_postprocs(sch) else None
+
+
+def _rand_state(seed: int) -> int:
+    """MetaSchedule wants a seed in [1, 2^31-1]."""
+    return seed % (2**31 - 2) + 1

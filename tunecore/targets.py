@@ -1,0 +1,189 @@
+"""Targets: what ``--target`` means, and what a target's device looks like.
+
+``llvm`` is this host with its real ``mcpu`` (without one LLVM emits SSE-only code and kernels run
+about 2x slower) and its core count; ``cuda`` the local GPU; anything else is a TVM JSON target dict.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from typing import Any
+
+from tunecore.errors import UsageError
+
+# Best first: the mcpu LLVM should tune for, by the flags /proc/cpuinfo reports.
+_X86_MCPU_BY_FLAGS = (
+    ({"avx512f", "amx_tile"}, "sapphirerapids"),
+    ({"avx512f", "avx512_vnni"}, "cascadelake"),
+    ({"avx512f"}, "skylake-avx512"),
+    ({"avx2", "fma"}, "haswell"),
+    ({"sse4_2"}, "nehalem"),
+)
+# /proc/cpuinfo flag -> LLVM feature, for the features that decide code generation
+_DECISIVE_FEATURES = {"avx512f": "avx512f", "avx2": "avx2", "fma": "fma", "amx_tile": "amx-tile"}
+
+
+def _cpuinfo() -> dict[str, str]:
+    info: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if ":" in line:
+                    key, value = (s.strip() for s in line.split(":", 1))
+                    info.setdefault(key, value)
+    except OSError:
+        pass
+    return info
+
+
+def _cpu_flags() -> set[str]:
+    return set(_cpuinfo().get("flags", "").split())
+
+
+def physical_cores() -> int:
+    import psutil
+
+    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
+@functools.lru_cache(maxsize=None)
+def host_mcpu() -> str:
+    """The LLVM CPU name to compile for on this host.
+
+    LLVM's own host name is used when its decisive vector features match what the CPU reports
+    (it can misname a CPU, e.g. an AVX-512 part as a core without it); otherwise the flags decide.
+    """
+    import tvm
+    from tvm.target import codegen
+
+    flags = _cpu_flags()
+    name = str(codegen.llvm_get_system_cpu())
+    if name and name != "generic":
+        features = codegen.llvm_get_cpu_features(tvm.target.Target({"kind": "llvm", "mcpu": name}))
+        if all((flag in flags) == (feature in features) for flag, feature in _DECISIVE_FEATURES.items()):
+            return name
+    for required, mcpu in _X86_MCPU_BY_FLAGS:
+        if required <= flags:
+            return mcpu
+    return name or "generic"
+
+
+def host_target() -> Any:
+    import tvm
+
+    return tvm.target.Target({"kind": "llvm", "mcpu": host_mcpu(), "num-cores": physical_cores()})
+
+
+def resolve_target(spec: str | None) -> Any:
+    """A ``tvm.target.Target`` from what a user typed; UsageError if TVM cannot make sense of it."""
+    import tvm
+
+    spec = (spec or "llvm").strip()
+    if spec == "llvm":
+        return host_target()
+    if spec == "cuda":
+        config: Any = {"kind": "cuda", "host": host_target().export()}
+        if tvm.cuda().exist:
+            config["arch"] = "sm_" + tvm.cuda().compute_version.replace(".", "")
+        return _make_target(config, spec)
+    if spec.startswith("{"):
+        try:
+            config = json.loads(spec)
+        except json.JSONDecodeError as error:
+            raise UsageError(f"--target: not valid JSON ({error})") from None
+        if not isinstance(config, dict) or "kind" not in config:
+            raise UsageError('--target: a JSON target must be an object with a "kind", e.g. {"kind": "llvm", "mcpu": "znver3"}')
+        return _make_target(config, spec)
+    if spec.isidentifier():
+        return _make_target({"kind": spec}, spec)
+    raise UsageError(f'--target {spec!r}: use llvm, cuda or a JSON dict such as \'{{"kind": "llvm", "mcpu": "haswell"}}\'')
+
+
+def _make_target(config: dict, spec: str) -> Any:
+    import tvm
+    from tvm.target import codegen
+
+    try:
+        target = tvm.target.Target(config)
+    except Exception as error:  # TVM raises ValueError/TVMError with multi-line text
+        raise UsageError(f"--target {spec}: {str(error).splitlines()[0]}") from None
+    if target.kind.name == "llvm" and "mcpu" in config:
+        triple = config.get("mtriple") or str(codegen.llvm_get_system_triple())
+        if not codegen.llvm_is_valid_cpu(config["mcpu"], triple):
+            raise UsageError(f"--target {spec}: LLVM does not know the CPU '{config['mcpu']}' for {triple}")
+    return target
+
+
+def target_to_json(target: Any) -> str:
+    """Canonical JSON of a target: equal targets give equal strings."""
+    from tunecore.space import to_plain
+
+    return json.dumps(to_plain(target.export()), sort_keys=True)
+
+
+def target_from_json(text: str) -> Any:
+    import tvm
+
+    return tvm.target.Target(json.loads(text))
+
+
+def _cache_sizes() -> dict[str, int]:
+    sizes = {}
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        entries = sorted(os.listdir(base))
+    except OSError:
+        return sizes
+    for entry in entries:
+        try:
+            with open(f"{base}/{entry}/level") as f:
+                level = f.read().strip()
+            with open(f"{base}/{entry}/type") as f:
+                kind = f.read().strip()
+            with open(f"{base}/{entry}/size") as f:
+                size = f.read().strip()
+        except OSError:
+            continue
+        if kind == "Instruction":
+            continue
+        multiplier = {"K": 1024, "M": 1024**2}.get(size[-1], 1)
+        sizes[f"l{level}_bytes"] = int(size.rstrip("KM")) * multiplier
+    return sizes
+
+
+def device_descriptor(target: Any) -> dict[str, Any]:
+    """Numbers that describe the device a target runs on, for cost models that generalise across devices.
+
+    CPU: cores, vector width in bits, cache sizes, clock. CUDA: SMs, clock, memory, when a GPU is here.
+    """
+    import tvm
+
+    kind = target.kind.name
+    desc: dict[str, Any] = {"kind": kind}
+    if kind == "llvm":
+        flags = _cpu_flags() if target.attrs.get("mcpu", "") in ("", host_mcpu()) else set()
+        from tvm.target import codegen
+
+        features = codegen.llvm_get_cpu_features(target)
+        desc["mcpu"] = str(target.attrs.get("mcpu", ""))
+        desc["cores"] = int(target.attrs.get("num-cores", physical_cores()))
+        desc["vector_bits"] = 512 if "avx512f" in features else 256 if "avx2" in features or "avx" in features else 128
+        desc["fma"] = "fma" in features
+        if flags:  # the target is this host: real cache sizes and clock
+            desc.update(_cache_sizes())
+            mhz = _cpuinfo().get("cpu MHz")
+            if mhz:
+                desc["clock_mhz"] = float(mhz)
+    elif kind == "cuda":
+        desc["arch"] = str(target.attrs.get("arch", ""))
+        dev = tvm.cuda()
+        if dev.exist:
+            desc.update(
+                sm_count=dev.multi_processor_count,
+                clock_mhz=dev.max_clock_rate / 1000,
+                max_shared_memory_per_block=dev.max_shared_memory_per_block,
+                warp_size=dev.warp_size,
+            )
+    return desc

@@ -1,0 +1,174 @@
+"""Workloads (what the user tunes) and their tasks (what the tuner tunes).
+
+``--model`` accepts ``zoo:<name>``, ``op:<name>``, a path to an ``.onnx`` file, or a path to a Relax
+IRModule saved with ``tvm.ir.save_json`` (``.json``). Networks are legalized and fused exactly as
+``tunecore compile`` will build them, one task per fused TIR function.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import re
+from typing import Any
+
+from tunecore.errors import UsageError
+from tunecore.interfaces import Task
+
+
+@dataclasses.dataclass
+class Workload:
+    name: str  # normalised spec: "zoo:resnet-18", "op:matmul-512", "onnx:/abs/model.onnx", "relax:/abs/mod.json"
+    mod: Any  # Relax IRModule (network) or IRModule with the PrimFunc "main" (single operator)
+    is_network: bool
+
+
+def load_workload(spec: str) -> Workload:
+    """The workload a ``--model`` value names; UsageError with one line if it cannot be loaded."""
+    if spec.startswith("zoo:"):
+        from tunecore.workloads.zoo import ZOO_NAMES, build_zoo_model
+
+        name = spec[4:]
+        if name not in ZOO_NAMES:
+            raise UsageError(f"unknown zoo model '{name}'; known: {', '.join(ZOO_NAMES)}")
+        return Workload(spec, build_zoo_model(name), True)
+    if spec.startswith("op:"):
+        from tunecore.workloads.ops import build_op
+
+        return Workload(spec, build_op(spec[3:]), False)
+    path = spec.split(":", 1)[1] if spec.startswith(("onnx:", "relax:")) else spec
+    if not os.path.exists(path):
+        raise UsageError(f"--model {spec}: no such file, and not a zoo:<name> or op:<name> workload")
+    path = os.path.abspath(path)
+    if spec.startswith("relax:") or path.endswith(".json"):
+        return Workload(f"relax:{path}", _load_relax_json(path), True)
+    from tunecore.workloads.onnx_import import load_onnx
+
+    return Workload(f"onnx:{path}", load_onnx(path), True)
+
+
+def _load_relax_json(path: str) -> Any:
+    import tvm
+    from tvm import relax
+
+    try:
+        with open(path) as f:
+            mod = tvm.ir.load_json(f.read())
+    except Exception as error:
+        raise UsageError(f"--model {path}: not a Relax IRModule saved by tvm.ir.save_json ({str(error).splitlines()[0][:200]})") from None
+    if not isinstance(mod, tvm.IRModule) or not any(isinstance(f, relax.Function) for f in mod.functions.values()):
+        raise UsageError(f"--model {path}: the JSON holds no Relax function")
+    return mod
+
+
+def fusion_passes(target: Any) -> list:
+    """Legalize and fuse, as MetaSchedule's compile_relax does, so tuned tasks match what gets compiled."""
+    from tvm import relax
+    from tvm.relax import pipeline
+
+    return [
+        *pipeline.library_dispatch_passes(target),
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+    ]
+
+
+def fuse(mod: Any, target: Any) -> Any:
+    import tvm
+
+    with target, tvm.transform.PassContext(opt_level=3):
+        return tvm.transform.Sequential(fusion_passes(target))(mod)
+
+
+def extract_tasks(workload: Workload, target: Any) -> list[Task]:
+    """One task per distinct fused TIR function, with its weight (occurrences) and FLOPs."""
+    from tunecore.space import load_tensor_intrinsics
+
+    load_tensor_intrinsics(target)
+    if not workload.is_network:
+        name = workload.name.split(":", 1)[1]
+        return [make_task(workload.mod, target, name=name, kernel_class=kernel_class_of(workload.mod), model=workload.name)]
+    from tvm.s_tir import meta_schedule as ms
+
+    try:
+        fused = fuse(workload.mod, target)
+        extracted = ms.relax_integration.extract_tasks(fused, target)
+    except Exception as error:  # TVM cannot lower this model: the user's model, the user's problem
+        raise UsageError(f"--model {workload.name}: TVM cannot legalize/fuse it: {str(error).splitlines()[0][:300]}") from None
+    tasks = [
+        make_task(t.dispatched[0], target, name=t.task_name, kernel_class=kernel_class_of(t.dispatched[0], t.task_name),
+                  model=workload.name, weight=int(t.weight))
+        for t in extracted
+    ]
+    return [t for t in tasks if t.args]  # a function with no buffers has nothing to tune
+
+
+def make_task(mod: Any, target: Any, *, name: str, kernel_class: str, model: str, weight: int = 1) -> Task:
+    import tvm
+    import tvm_ffi
+    from tvm.s_tir import meta_schedule as ms
+
+    from tunecore.targets import target_to_json
+
+    workload_hash = str(tvm_ffi.structural_hash(mod))
+    target_json = target_to_json(target)
+    task_id = hashlib.sha256(f"{workload_hash}|{target_json}".encode()).hexdigest()[:20]
+    try:
+        flops = float(tvm.s_tir.analysis.estimate_tir_flops(mod))
+    except Exception:  # some functions (dynamic shapes, externs) have no static FLOP count
+        flops = 0.0
+    args = [arg.as_json() for arg in ms.arg_info.ArgInfo.from_prim_func(mod["main"])]
+    from tunecore.space import to_plain
+
+    return Task(
+        task_id=task_id,
+        name=name,
+        kernel_class=kernel_class,
+        workload_hash=workload_hash,
+        target_json=target_json,
+        mod_json=tvm.ir.save_json(mod),
+        flops=flops,
+        args=to_plain(args),
+        weight=weight,
+        model=model,
+    )
+
+
+def kernel_class_of(mod: Any, fused_name: str | None = None) -> str:
+    """The fused operator sequence of a kernel plus its output rank, e.g. "conv2d_add_relu@4d".
+
+    Kernels of one class with different shapes can reuse each other's schedules (Transfer-Tuning).
+    A fused Relax function's name lists its operators (a numeric suffix only makes it unique);
+    a single operator is named by its compute blocks.
+    """
+    from tvm.s_tir import meta_schedule as ms
+
+    args = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
+    rank = len(args[-1].shape) if args else 0
+    if fused_name:
+        ops = "_".join(_strip_suffix(op) for op in re.sub(r"^fused_", "", fused_name).split("_"))
+    else:
+        ops = "_".join(_compute_block_names(mod)) or "unknown"
+    return f"{ops}@{rank}d"
+
+
+def _strip_suffix(op: str) -> str:
+    """Relax makes fused names unique with numeric suffixes: "conv2d1" -> "conv2d", "add12" -> "add"."""
+    match = re.fullmatch(r"([a-z_]*[123]d)\d*", op)
+    return match.group(1) if match else re.sub(r"\d+$", "", op)
+
+
+def _compute_block_names(mod: Any) -> list[str]:
+    from tunecore.space import new_schedule
+
+    sch = new_schedule(mod)
+    names: list[str] = []
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        base = re.sub(r"_?\d+$", "", sch.get(block).name_hint)
+        if base not in names and not base.lower().startswith(("pad", "data_pad")):
+            names.append(base)
+    return names
