@@ -1,0 +1,256 @@
+"""The default record store: one SQLite file (WAL), committed durably after every round.
+
+``memory`` is the same store on an in-memory database, for tests and throwaway runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from typing import Any, Sequence
+
+from tunecore.errors import UsageError
+from tunecore.interfaces import Record, RecordStore, Task
+
+FORMAT = "tunecore-store"
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS tasks (
+    task_id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    kernel_class TEXT NOT NULL,
+    workload_hash TEXT NOT NULL,
+    target_json TEXT NOT NULL,
+    target_kind TEXT NOT NULL,
+    mod_json TEXT NOT NULL,
+    flops REAL NOT NULL,
+    args TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS tasks_by_class ON tasks (kernel_class, target_kind);
+CREATE TABLE IF NOT EXISTS task_models (
+    model TEXT NOT NULL,
+    task_id TEXT NOT NULL REFERENCES tasks (task_id),
+    name TEXT NOT NULL,
+    weight INTEGER NOT NULL,
+    PRIMARY KEY (model, task_id)
+);
+CREATE INDEX IF NOT EXISTS task_models_by_task ON task_models (task_id);
+CREATE TABLE IF NOT EXISTS runs (
+    run_id INTEGER PRIMARY KEY AUTOINCREMENT,
+    started_at REAL NOT NULL,
+    finished_at REAL,
+    info TEXT NOT NULL,
+    summary TEXT
+);
+CREATE TABLE IF NOT EXISTS records (
+    record_id INTEGER PRIMARY KEY AUTOINCREMENT,
+    task_id TEXT NOT NULL REFERENCES tasks (task_id),
+    key TEXT NOT NULL,
+    trace_json TEXT NOT NULL,
+    latency REAL,
+    run_secs TEXT,
+    error TEXT,
+    build_secs REAL NOT NULL,
+    profile TEXT NOT NULL,
+    origin TEXT NOT NULL,
+    trial INTEGER NOT NULL,
+    measured_at REAL NOT NULL,
+    run_id INTEGER,
+    UNIQUE (task_id, key)
+);
+CREATE INDEX IF NOT EXISTS records_by_latency ON records (task_id, latency);
+"""
+
+
+class SqliteStore(RecordStore):
+    name = "sqlite"
+
+    def __init__(self, location: str):
+        self.location = location
+        in_memory = location in ("", ":memory:")
+        if not in_memory and os.path.isdir(location):
+            raise UsageError(f"--store {location}: is a directory, not a tunecore store file")
+        is_new = in_memory or not os.path.exists(location) or os.path.getsize(location) == 0
+        try:
+            self.db = sqlite3.connect(":memory:" if in_memory else location, isolation_level=None)
+            self.db.row_factory = sqlite3.Row
+            if not is_new:
+                self._check_format()
+            if not in_memory:
+                self.db.execute("PRAGMA journal_mode=WAL")
+                # FULL: a committed round survives even a power cut, and costs one fsync per round
+                self.db.execute("PRAGMA synchronous=FULL")
+            with self.db:
+                self.db.execute("BEGIN")
+                for statement in _SCHEMA.split(";"):  # executescript would commit half-way
+                    if statement.strip():
+                        self.db.execute(statement)
+                self.db.execute("INSERT OR IGNORE INTO meta VALUES ('format', ?), ('schema', ?)", (FORMAT, str(SCHEMA_VERSION)))
+        except sqlite3.DatabaseError as error:
+            raise UsageError(f"--store {location}: not a tunecore store ({error})") from None
+
+    def _check_format(self) -> None:
+        try:
+            row = self.db.execute("SELECT value FROM meta WHERE key = 'format'").fetchone()
+        except sqlite3.DatabaseError:
+            row = None
+        if row is None or row[0] != FORMAT:
+            raise UsageError(f"--store {self.location}: not a tunecore store (an SQLite file of another program?)")
+        version = int(self.db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0])
+        if version > SCHEMA_VERSION:
+            raise UsageError(f"--store {self.location}: written by a newer tunecore (schema {version}); upgrade tunecore")
+
+    def close(self) -> None:
+        self.db.close()
+
+    # tasks
+    def put_tasks(self, tasks: Sequence[Task]) -> None:
+        now = time.time()
+        with self.db:
+            self.db.execute("BEGIN")
+            for t in tasks:
+                self.db.execute(
+                    "INSERT OR IGNORE INTO tasks VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (t.task_id, t.name, t.kernel_class, t.workload_hash, t.target_json, t.target_kind,
+                     t.mod_json, t.flops, json.dumps(t.args), now),
+                )
+                if t.model:
+                    self.db.execute(
+                        "INSERT OR REPLACE INTO task_models VALUES (?, ?, ?, ?)", (t.model, t.task_id, t.name, t.weight)
+                    )
+
+    def get_tasks(self, model: str | None = None, task_ids: Sequence[str] | None = None) -> list[Task]:
+        if model is not None:
+            rows = self.db.execute(
+                "SELECT t.*, m.model, m.name AS model_name, m.weight FROM tasks t JOIN task_models m USING (task_id)"
+                " WHERE m.model = ? ORDER BY t.created_at, t.rowid",
+                (model,),
+            ).fetchall()
+        else:
+            rows = self.db.execute(
+                "SELECT t.*, m.model, m.name AS model_name, m.weight FROM tasks t LEFT JOIN task_models m"
+                " ON m.rowid = (SELECT rowid FROM task_models WHERE task_id = t.task_id LIMIT 1)"
+                " ORDER BY t.created_at, t.rowid"
+            ).fetchall()
+        tasks = [_task(r) for r in rows]
+        if task_ids is not None:
+            wanted = set(task_ids)
+            tasks = [t for t in tasks if t.task_id in wanted]
+        return tasks
+
+    def models(self) -> list[str]:
+        return [r[0] for r in self.db.execute("SELECT DISTINCT model FROM task_models ORDER BY model")]
+
+    def tasks_by_kernel_class(self, kernel_class: str, target_kind: str | None = None) -> list[Task]:
+        ids = [
+            r[0]
+            for r in self.db.execute(
+                "SELECT task_id FROM tasks WHERE kernel_class = ? AND (? IS NULL OR target_kind = ?)",
+                (kernel_class, target_kind, target_kind),
+            )
+        ]
+        return self.get_tasks(task_ids=ids)
+
+    # records
+    def commit(self, records: Sequence[Record]) -> None:
+        with self.db:
+            self.db.execute("BEGIN")
+            self.db.executemany(
+                "INSERT OR IGNORE INTO records (task_id, key, trace_json, latency, run_secs, error, build_secs, profile,"
+                " origin, trial, measured_at, run_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (r.task_id, r.key, r.trace_json, r.latency, None if r.run_secs is None else json.dumps(r.run_secs),
+                     r.error, r.build_secs, json.dumps(r.profile), r.origin, r.trial, r.measured_at, r.run_id)
+                    for r in records
+                ],
+            )
+
+    def records(self, task_id: str) -> list[Record]:
+        rows = self.db.execute("SELECT * FROM records WHERE task_id = ? ORDER BY record_id", (task_id,))
+        return [_record(r) for r in rows]
+
+    def all_records(self) -> list[Record]:
+        return [_record(r) for r in self.db.execute("SELECT * FROM records ORDER BY record_id")]
+
+    def best(self, task_id: str, k: int = 1) -> list[Record]:
+        rows = self.db.execute(
+            "SELECT * FROM records WHERE task_id = ? AND latency IS NOT NULL ORDER BY latency, record_id LIMIT ?",
+            (task_id, k),
+        )
+        return [_record(r) for r in rows]
+
+    def counts(self, task_ids: Sequence[str]) -> dict[str, int]:
+        counts = dict.fromkeys(task_ids, 0)
+        for row in self.db.execute("SELECT task_id, COUNT(*) FROM records GROUP BY task_id"):
+            if row[0] in counts:
+                counts[row[0]] = row[1]
+        return counts
+
+    # runs
+    def start_run(self, info: dict[str, Any]) -> int:
+        with self.db:
+            cursor = self.db.execute("INSERT INTO runs (started_at, info) VALUES (?, ?)", (time.time(), json.dumps(info)))
+        return int(cursor.lastrowid)
+
+    def finish_run(self, run_id: int, summary: dict[str, Any]) -> None:
+        with self.db:
+            self.db.execute(
+                "UPDATE runs SET finished_at = ?, summary = ? WHERE run_id = ?", (time.time(), json.dumps(summary), run_id)
+            )
+
+    def runs(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "run_id": r["run_id"],
+                "started_at": r["started_at"],
+                "finished_at": r["finished_at"],
+                "info": json.loads(r["info"]),
+                "summary": json.loads(r["summary"]) if r["summary"] else None,
+            }
+            for r in self.db.execute("SELECT * FROM runs ORDER BY run_id")
+        ]
+
+
+class MemoryStore(SqliteStore):
+    """Nothing is kept after the process ends."""
+
+    name = "memory"
+
+    def __init__(self, location: str = ""):
+        super().__init__(":memory:")
+
+
+def _task(row: sqlite3.Row) -> Task:
+    return Task(
+        task_id=row["task_id"],
+        name=row["model_name"] or row["name"],
+        kernel_class=row["kernel_class"],
+        workload_hash=row["workload_hash"],
+        target_json=row["target_json"],
+        mod_json=row["mod_json"],
+        flops=row["flops"],
+        args=json.loads(row["args"]),
+        weight=row["weight"] if row["weight"] is not None else 1,
+        model=row["model"] or "",
+    )
+
+
+def _record(row: sqlite3.Row) -> Record:
+    return Record(
+        task_id=row["task_id"],
+        key=row["key"],
+        trace_json=row["trace_json"],
+        run_secs=None if row["run_secs"] is None else json.loads(row["run_secs"]),
+        error=row["error"],
+        build_secs=row["build_secs"],
+        profile=json.loads(row["profile"]),
+        origin=row["origin"],
+        trial=row["trial"],
+        measured_at=row["measured_at"],
+        run_id=row["run_id"],
+    )
