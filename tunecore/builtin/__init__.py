@@ -1,0 +1,32 @@
+"""The core's own components, registered through the same hooks as any plugin (see plugins.DEFAULT_PLUGINS)."""
+
+from tunecore.hookspecs import hookimpl
+
+
+@hookimpl
+def tunecore_register_search_policies(register):
+    from tunecore.builtin.random_search import RandomSearch
+
+    register(RandomSearch)
+
+
+@hookimpl
+def tunecore_register_cost_models(register):
+    from tunecore.builtin.none_model import NoneModel
+
+    register(NoneModel)
+
+
+@hookimpl
+def tunecore_register_record_stores(register):
+    from tunecore.store.sqlite import MemoryStore, SqliteStore
+
+    register(SqliteStore)
+    register(MemoryStore)
+
+
+@hookimpl
+def tunecore_register_measurers(register):
+    from tunecore.measure.local import LocalMeasurer
+
+    register(LocalMeasurer)

@@ -1,0 +1,75 @@
+"""Functions that run inside the local measurer's worker processes.
+
+Workers live for the whole run: TVM is imported once per worker, and only the target's tensor
+intrinsics are registered (not the whole tensor_intrin package that MetaSchedule's builder imports).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from typing import Any
+
+_last_args: tuple[str, Any] | None = None  # runner: the arguments of the last task, reused across its candidates
+
+
+def init_worker(target_json: str) -> None:
+    from tunecore.space import load_tensor_intrinsics
+    from tunecore.targets import target_from_json
+
+    load_tensor_intrinsics(target_from_json(target_json))
+
+
+def ping() -> int:
+    return os.getpid()
+
+
+def build(mod_json: str, target_json: str, artifact_dir: str) -> tuple[str, float]:
+    """Compile a scheduled module into a shared library; returns (its path, build seconds)."""
+    import tvm
+    from tvm.s_tir.meta_schedule.builder.local_builder import default_build
+
+    from tunecore.targets import target_from_json
+
+    start = time.perf_counter()
+    library = default_build(tvm.ir.load_json(mod_json), target_from_json(target_json), None)
+    path = os.path.join(artifact_dir, f"{uuid.uuid4().hex}.so")
+    library.export_library(path)
+    return path, time.perf_counter() - start
+
+
+def run(path: str, target_json: str, args_info: list, evaluator: dict[str, Any], screen_above: float | None) -> list[float]:
+    """Time a built library on random inputs; returns seconds per repeat.
+
+    The first (cold) call is timed on its own: if it is slower than ``screen_above`` seconds the
+    candidate is clearly not competitive and that single timing is returned. Otherwise ``number``
+    is chosen from it so that TVM's evaluator needs no calibration runs.
+    """
+    global _last_args
+    import math
+
+    import tvm
+    from tvm.s_tir.meta_schedule.runner.config import EvaluatorConfig
+    from tvm.s_tir.meta_schedule.runner.utils import alloc_argument_common, run_evaluator_common
+
+    kind = json.loads(target_json)["kind"]
+    device = tvm.cpu(0) if kind in ("llvm", "c") else tvm.device(kind, 0)
+    module = tvm.runtime.load_module(path)
+    signature = json.dumps([kind, args_info])
+    if _last_args is None or _last_args[0] != signature:
+        _last_args = None  # free the old buffers before allocating new ones
+        fill = tvm.get_global_func("tvm.contrib.random.random_fill_for_measure")
+        _last_args = (signature, alloc_argument_common(fill, device, args_info, 1))
+    args = _last_args[1]
+    function = module[module.entry_name]
+    start = time.perf_counter()
+    function(*args[0])
+    device.sync()
+    cold = time.perf_counter() - start
+    if screen_above is not None and cold > screen_above:
+        return [cold]
+    config = dict(evaluator)
+    config["number"] = max(config["number"], math.ceil(config["min_repeat_ms"] / 1e3 / max(cold, 1e-7)))
+    return [float(s) for s in run_evaluator_common(module, device, EvaluatorConfig(**config), args)]
