@@ -1,0 +1,167 @@
+"""End-to-end compile of a workload with the best stored schedules (``tunecore compile``).
+
+The tuned build is checked against the untuned build of the same module on the same random inputs,
+and both are timed in this process, one after the other.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from tunecore.errors import UsageError
+from tunecore.interfaces import RecordStore
+from tunecore.workloads import Workload, extract_tasks
+
+# fp32 results of reordered reductions differ in the last bits; relative to the output's magnitude
+_RELATIVE_TOLERANCE = 1e-3
+
+
+def best_database(store: RecordStore, tasks: list, target: Any) -> tuple[Any, int]:
+    """A MetaSchedule in-memory database with the best stored record of each task; returns (db, tasks covered)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from tunecore.space import replay_trace_json
+
+    db = ms.database.MemoryDatabase()
+    covered = 0
+    for task in tasks:
+        for record in store.best(task.task_id, k=4):  # fall back if a trace no longer applies
+            try:
+                trace = replay_trace_json(task.mod, record.trace_json).trace
+            except Exception:
+                continue
+            workload = db.commit_workload(task.mod)
+            args_info = [ms.arg_info.ArgInfo.from_json(a) for a in task.args]
+            db.commit_tuning_record(ms.database.TuningRecord(trace, workload, record.run_secs, target, args_info))
+            covered += 1
+            break
+    return db, covered
+
+
+def build(workload: Workload, target: Any, database: Any) -> Any:
+    """An executable of the workload with the database's schedules (an empty database: untuned)."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    if workload.is_network:
+        return ms.relax_integration.compile_relax(database, workload.mod, target, params=None)
+    record = database.query_tuning_record(workload.mod, target, "main")
+    mod = workload.mod
+    if record is not None:
+        sch = tvm.s_tir.Schedule(mod)
+        record.trace.apply_to_schedule(sch, remove_postproc=False)
+        mod = sch.mod
+    from tvm.s_tir.meta_schedule.builder.local_builder import default_build
+
+    return default_build(mod, target, None)
+
+
+def _device(target: Any) -> Any:
+    import tvm
+
+    kind = target.kind.name
+    return tvm.cpu(0) if kind in ("llvm", "c") else tvm.device(kind, 0)
+
+
+def random_inputs(workload: Workload, seed: int = 0) -> list[np.ndarray]:
+    """Inputs for every parameter of the workload: small floats, small non-negative integers (token ids)."""
+    from tvm import relax
+
+    rng = np.random.default_rng(seed)
+    if workload.is_network:
+        func = workload.mod["main"]
+        if any(not isinstance(p.ty, relax.TensorType) for p in func.params):
+            raise UsageError(f"{workload.name}: only models whose inputs are all tensors can be compiled and checked")
+        specs = [(tuple(int(d) for d in p.ty.shape), str(p.ty.dtype)) for p in func.params]
+    else:
+        from tvm.s_tir import meta_schedule as ms
+
+        specs = [(tuple(a.shape), str(a.dtype)) for a in ms.arg_info.ArgInfo.from_prim_func(workload.mod["main"])]
+    out = []
+    for shape, dtype in specs:
+        if "int" in dtype:
+            out.append(rng.integers(0, 16, size=shape).astype(dtype))
+        else:
+            out.append(rng.uniform(-1.0, 1.0, size=shape).astype(dtype))
+    return out
+
+
+class _Runnable:
+    """Calls and times an executable the same way for networks (Relax VM) and single operators."""
+
+    def __init__(self, executable: Any, workload: Workload, target: Any, inputs: list[np.ndarray]):
+        import tvm
+        from tvm import relax
+
+        self.device = _device(target)
+        self.args = [tvm.runtime.tensor(x, self.device) for x in inputs]
+        self.is_network = workload.is_network
+        if self.is_network:
+            self.vm = relax.VirtualMachine(executable, self.device)
+        else:
+            self.module = executable
+            self.output = self.args[-1]
+
+    def outputs(self) -> list[np.ndarray]:
+        if self.is_network:
+            result = self.vm["main"](*self.args)
+            return [np.asarray(t.numpy()) for t in _flatten(result)]
+        self.module(*self.args)
+        return [self.output.numpy()]
+
+    def time(self, repeat: int, min_repeat_ms: int) -> float:
+        """Median seconds per call."""
+        if self.is_network:
+            evaluator = self.vm.time_evaluator("main", self.device, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms)
+        else:
+            evaluator = self.module.time_evaluator(self.module.entry_name, self.device, number=1, repeat=repeat,
+                                                   min_repeat_ms=min_repeat_ms)
+        return float(np.median(evaluator(*self.args).results))
+
+
+def _flatten(value: Any) -> list:
+    import tvm
+
+    if isinstance(value, tvm.runtime.Tensor):
+        return [value]
+    return [t for item in value for t in _flatten(item)]
+
+
+def compile_and_check(workload: Workload, target: Any, store: RecordStore, *, output: str | None = None,
+                      repeat: int = 5, untuned_repeat: int = 3) -> dict[str, Any]:
+    """Build tuned and untuned, compare outputs, time both. Returns the report ``tunecore compile --json`` prints."""
+    from tvm.s_tir import meta_schedule as ms
+
+    tasks = extract_tasks(workload, target)
+    database, covered = best_database(store, tasks, target)
+    started = time.time()
+    tuned = build(workload, target, database)
+    compile_s = time.time() - started
+    untuned = build(workload, target, ms.database.MemoryDatabase())
+    inputs = random_inputs(workload)
+    tuned_run = _Runnable(tuned, workload, target, inputs)
+    untuned_run = _Runnable(untuned, workload, target, inputs)
+    expected, got = untuned_run.outputs(), tuned_run.outputs()
+    error = max(
+        float(np.max(np.abs(g.astype(np.float64) - e)) / max(1e-6, float(np.max(np.abs(e))))) if e.size else 0.0
+        for g, e in zip(got, expected)
+    )
+    latency = tuned_run.time(repeat, min_repeat_ms=200)
+    untuned_latency = untuned_run.time(untuned_repeat, min_repeat_ms=0)
+    if output:
+        tuned.export_library(output)
+    return {
+        "model": workload.name,
+        "tasks_total": len(tasks),
+        "tasks_tuned": covered,
+        "latency_ms": latency * 1e3,
+        "untuned_latency_ms": untuned_latency * 1e3,
+        "speedup": untuned_latency / latency,
+        "outputs_match": bool(error <= _RELATIVE_TOLERANCE),
+        "max_relative_error": error,
+        "compile_s": round(compile_s, 2),
+        "output": output,
+    }

@@ -1,0 +1,305 @@
+"""The tuning loop and the task schedulers.
+
+A round: the scheduler picks a task -> the search policy proposes candidates -> the measurer builds
+and runs them -> the store commits every result -> the cost model and the policy learn from them.
+The budget (``trials``) counts every record the store holds for the workload's tasks, so running
+the same command again with a larger budget measures only the difference, and an interrupted run
+resumes where its last committed round ended.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from tunecore.interfaces import (
+    Candidate,
+    CostModel,
+    Measurer,
+    Record,
+    RecordStore,
+    SearchPolicy,
+    Task,
+    TaskContext,
+)
+
+UNMEASURED = 1e10  # seconds; the latency a task without any successful record counts as
+_GIVE_UP_AFTER_FAILED_ROUNDS = 3
+
+
+def derive_seed(*parts: Any) -> int:
+    """A 31-bit seed from a base seed and names, stable across processes and machines."""
+    digest = hashlib.sha256("|".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+@dataclasses.dataclass(eq=False)
+class TaskState:
+    task: Task
+    trials: int = 0  # records in the store, failures included
+    errors: int = 0
+    rounds: int = 0
+    best: float = UNMEASURED
+    best_history: list[float] = dataclasses.field(default_factory=list)  # best after each round
+    failed_rounds: int = 0  # consecutive rounds without a single success, while best is UNMEASURED
+    measured: set[str] = dataclasses.field(default_factory=set)
+    started: bool = False
+    done_reason: str | None = None  # why the task gets no more rounds ("exhausted", "all candidates fail")
+
+    def add_round(self, records: Sequence[Record]) -> None:
+        self.rounds += 1
+        self.trials += len(records)
+        for r in records:
+            self.measured.add(r.key)
+            if r.latency is None:
+                self.errors += 1
+            else:
+                self.best = min(self.best, r.latency)
+        self.best_history.append(self.best)
+        if self.best >= UNMEASURED and records:
+            self.failed_rounds += 1
+            if self.failed_rounds >= _GIVE_UP_AFTER_FAILED_ROUNDS:
+                self.done_reason = "every candidate failed"
+
+
+class RoundRobinScheduler:
+    """Tasks in turn."""
+
+    name = "round-robin"
+
+    def __init__(self, states: list[TaskState], seed: int = 0):
+        self.states = states
+
+    def next(self) -> TaskState | None:
+        alive = [s for s in self.states if s.done_reason is None]
+        if not alive:
+            return None
+        return min(alive, key=lambda s: (s.rounds, self.states.index(s)))
+
+
+class GradientScheduler(RoundRobinScheduler):
+    """Ansor's task scheduler (Zheng et al., OSDI'20, section 6).
+
+    Minimises the end-to-end latency estimate f = sum_i w_i * g_i (g_i: best latency of task i).
+    After every task had one round, it picks the task whose next round is expected to reduce f
+    most, estimating dg_i/dt from the task's recent progress (backward window) and from what a
+    similar task of the same kernel class achieves (optimistic forward guess); with probability
+    ``eps`` it picks a random task instead.
+    """
+
+    name = "gradient"
+
+    def __init__(self, states: list[TaskState], seed: int = 0, alpha: float = 0.2, beta: float = 2.0,
+                 backward_window: int = 3, eps: float = 0.05):
+        super().__init__(states)
+        self.alpha, self.beta, self.window, self.eps = alpha, beta, backward_window, eps
+        self.rng = np.random.default_rng(seed)
+
+    def next(self) -> TaskState | None:
+        alive = [s for s in self.states if s.done_reason is None]
+        if not alive:
+            return None
+        unstarted = [s for s in alive if s.rounds == 0]
+        if unstarted:  # warm-up: one round each
+            return unstarted[0]
+        if self.rng.random() < self.eps:
+            return alive[int(self.rng.integers(len(alive)))]
+        gradients = [self._gradient(s) for s in alive]
+        if max(gradients) == min(gradients):
+            return alive[int(self.rng.integers(len(alive)))]
+        return alive[int(np.argmin(gradients))]
+
+    def _gradient(self, s: TaskState) -> float:
+        chain = s.task.weight  # df/dg_i for f = sum w_i g_i
+        history = s.best_history
+        backward = (history[-1] - history[-1 - self.window]) / self.window if len(history) > self.window else 0.0
+        optimistic = s.best - s.best / s.rounds
+        peers = [p for p in self.states if p.task.kernel_class == s.task.kernel_class and p.best < UNMEASURED]
+        if len(peers) > 1 and s.task.flops > 0:
+            best_throughput = max(p.task.flops / p.best for p in peers)
+            optimistic = min(optimistic, self.beta * s.task.flops / best_throughput)
+        forward = optimistic - s.best
+        return chain * (self.alpha * backward + (1 - self.alpha) * forward)
+
+
+SCHEDULERS = {cls.name: cls for cls in (GradientScheduler, RoundRobinScheduler)}
+
+
+def default_round_size(budget: int, n_tasks: int) -> int:
+    """Candidates per round: small enough that the scheduler can move budget between tasks, large
+    enough to keep the build pool busy."""
+    return max(4, min(32, budget // max(1, 2 * n_tasks)))
+
+
+@dataclasses.dataclass
+class RoundReport:
+    """Passed to the progress callback after each round."""
+
+    task: Task
+    measured: int  # this run so far
+    budget: int  # this run's
+    errors: int  # this run so far
+    estimated_latency: float | None  # sum of weight * best over tasks, None while a task has no success
+    states: list[TaskState]
+
+
+class Tuner:
+    """Runs the rounds for one workload. Components are constructed by the caller (the CLI or a script)."""
+
+    def __init__(
+        self,
+        *,
+        search: SearchPolicy,
+        cost_model: CostModel,
+        store: RecordStore,
+        measurer: Measurer,
+        seed: int = 0,
+        scheduler: str = "gradient",
+        round_size: int | None = None,
+        plugin_manager: Any = None,
+        on_round: Callable[[RoundReport], None] | None = None,
+    ):
+        from tunecore.plugins import get_plugin_manager
+
+        self.search, self.cost_model, self.store, self.measurer = search, cost_model, store, measurer
+        self.seed = seed
+        self.scheduler_name = scheduler
+        self.round_size = round_size
+        self.hooks = (plugin_manager or get_plugin_manager()).hook
+        self.on_round = on_round
+
+    def tune(self, tasks: Sequence[Task], trials: int, run_info: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Measure until the store holds ``trials`` records for ``tasks`` (or every task is exhausted).
+
+        Returns the run summary (what ``tunecore run --json`` prints).
+        """
+        started = time.time()
+        self.store.put_tasks(tasks)
+        states = self._restore_states(tasks)
+        already = sum(s.trials for s in states)
+        budget = max(0, trials - already)
+        round_size = self.round_size or default_round_size(budget, len(tasks))
+        info = dict(run_info or {}, trials=trials, seed=self.seed, scheduler=self.scheduler_name, round_size=round_size)
+        run_id = self.store.start_run(info)
+        run = dict(info, run_id=run_id)
+        self.hooks.tunecore_on_run_start(run=run, tasks=list(tasks))
+        self._warm_start(states)
+        scheduler = SCHEDULERS[self.scheduler_name](states, seed=derive_seed(self.seed, "scheduler"))
+        measured = errors = 0
+        status = "interrupted"
+        try:
+            while measured < budget:
+                state = scheduler.next()
+                if state is None:
+                    break
+                records = self._round(state, min(round_size, budget - measured), already + measured, run_id)
+                if not records:
+                    continue
+                measured += len(records)
+                errors += sum(r.latency is None for r in records)
+                if self.on_round:
+                    self.on_round(RoundReport(state.task, measured, budget, errors, estimated_latency(states), states))
+            status = "finished"
+        finally:
+            summary = summarize(states, run, measured=measured, errors=errors, elapsed=time.time() - started, status=status)
+            self.store.finish_run(run_id, summary)
+            self.hooks.tunecore_on_run_end(run=run, summary=summary)
+        return summary
+
+    def _restore_states(self, tasks: Sequence[Task]) -> list[TaskState]:
+        states = []
+        for task in tasks:
+            state = TaskState(task)
+            records = self.store.records(task.task_id)
+            if records:
+                state.add_round(records)
+                state.failed_rounds = 0
+                state.done_reason = None
+            states.append(state)
+        return states
+
+    def _warm_start(self, states: list[TaskState]) -> None:
+        """Teach the cost model what the store already knows about these tasks."""
+        for state in states:
+            records = self.store.records(state.task.task_id) if state.trials else []
+            if records:
+                self.cost_model.update(state.task, [r.candidate(state.task) for r in records], [r.result() for r in records])
+
+    def _round(self, state: TaskState, n: int, trial_base: int, run_id: int) -> list[Record]:
+        task = state.task
+        if not state.started:
+            from tunecore.space import DesignSpace
+
+            seed = derive_seed(self.seed, task.task_id, state.trials)  # a resumed run samples afresh
+            space = DesignSpace(task, seed=seed)
+            history = self.store.records(task.task_id) if state.trials else []
+            self.search.start_task(TaskContext(task, space, seed, set(state.measured), history))
+            state.started = True
+        candidates = _unique_new(self.search.propose(task, n), state.measured)[:n]
+        if not candidates:
+            state.done_reason = "no new candidates (design space exhausted)"
+            return []
+        results = self.measurer.measure(task, candidates)
+        self.hooks.tunecore_on_measured(task=task, candidates=candidates, results=results)
+        now = time.time()
+        records = [
+            Record.from_result(c, r, trial=trial_base + i, measured_at=now, run_id=run_id)
+            for i, (c, r) in enumerate(zip(candidates, results))
+        ]
+        self.store.commit(records)  # durable before anything else learns from them
+        state.add_round(records)
+        self.cost_model.update(task, candidates, results)
+        self.search.observe(task, candidates, results)
+        self.hooks.tunecore_on_results(task=task, records=records)
+        return records
+
+
+def _unique_new(candidates: Sequence[Candidate], measured: set[str]) -> list[Candidate]:
+    seen = set(measured)
+    out = []
+    for c in candidates:
+        if c.key not in seen:
+            seen.add(c.key)
+            out.append(c)
+    return out
+
+
+def estimated_latency(states: Sequence[TaskState]) -> float | None:
+    if not states or any(s.best >= UNMEASURED for s in states):
+        return None
+    return sum(s.task.weight * s.best for s in states)
+
+
+def summarize(states: Sequence[TaskState], run: dict[str, Any], *, measured: int, errors: int, elapsed: float,
+              status: str) -> dict[str, Any]:
+    total = estimated_latency(states)
+    return {
+        **{k: run.get(k) for k in ("run_id", "model", "target", "search", "cost_model", "measurer", "store", "seed")},
+        "status": status,
+        "trials_requested": run.get("trials"),
+        "trials_measured": measured,
+        "errors": errors,
+        "trials_total": sum(s.trials for s in states),
+        "errors_total": sum(s.errors for s in states),
+        "elapsed_s": round(elapsed, 3),
+        "estimated_latency_ms": None if total is None else total * 1e3,
+        "tasks": [
+            {
+                "name": s.task.name,
+                "task_id": s.task.task_id,
+                "kernel_class": s.task.kernel_class,
+                "weight": s.task.weight,
+                "flops": s.task.flops,
+                "trials": s.trials,
+                "errors": s.errors,
+                "best_latency_s": None if s.best >= UNMEASURED else s.best,
+                "gflops": None if s.best >= UNMEASURED or not s.task.flops else s.task.flops / s.best / 1e9,
+                "stopped": s.done_reason,
+            }
+            for s in states
+        ],
+    }
