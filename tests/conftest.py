@@ -1,0 +1,28 @@
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="session")
+def target():
+    from tunecore.targets import host_target
+
+    return host_target()
+
+
+@pytest.fixture(scope="session")
+def matmul_task():
+    from tunecore.testing import tiny_task
+
+    return tiny_task()
+
+
+def run_cli(*args, cwd=None, env=None, timeout=600):
+    """Run the real `tunecore` command in a subprocess; returns CompletedProcess."""
+    full_env = dict(os.environ, **(env or {}))
+    return subprocess.run([sys.executable, "-m", "tunecore.cli", *args], cwd=cwd, env=full_env, capture_output=True,
+                          text=True, timeout=timeout)

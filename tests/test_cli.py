@@ -1,0 +1,194 @@
+"""The command line as a user drives it: real TVM, real builds, tiny workloads."""
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, run_cli
+
+
+def _json(result):
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def _one_line_exit_2(result, *fragments):
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("tunecore: error: ")
+    for fragment in fragments:
+        assert fragment in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_run_stores_records_and_resumes_with_the_difference(tmp_path):
+    store = str(tmp_path / "t.db")
+    first = _json(run_cli("run", "--model", "op:matmul-64", "--trials", "8", "--store", store, "--json"))
+    assert first["trials_measured"] == 8 and first["trials_total"] == 8
+    (task,) = first["tasks"]
+    assert set(task) >= {"name", "weight", "flops", "trials", "best_latency_s"}
+    assert task["name"] == "matmul-64" and task["flops"] == 2 * 64**3 and task["best_latency_s"] > 0
+    second = _json(run_cli("run", "--model", "op:matmul-64", "--trials", "12", "--store", store, "--json"))
+    assert second["trials_measured"] == 4 and second["trials_total"] == 12
+    again = _json(run_cli("run", "--model", "op:matmul-64", "--trials", "12", "--store", store, "--json"))
+    assert again["trials_measured"] == 0
+
+    listed = _json(run_cli("records", "list", "--store", store, "--json"))
+    assert listed[0]["trials"] == 12 and listed[0]["model"] == "op:matmul-64"
+    best = _json(run_cli("records", "best", "--store", store, "--json"))
+    assert best[0]["latency_s"] == pytest.approx(second["tasks"][0]["best_latency_s"])
+    with sqlite3.connect(store) as db:
+        trials = [r[0] for r in db.execute("SELECT trial FROM records ORDER BY record_id")]
+        assert trials == list(range(12))  # the trial index continues across resumed runs
+        assert db.execute("SELECT COUNT(DISTINCT key) FROM records").fetchone()[0] == 12
+
+
+def test_human_output_has_a_summary_table(tmp_path):
+    result = run_cli("run", "--model", "op:matmul-64", "--trials", "4", "--store", "memory:")
+    assert result.returncode == 0, result.stderr
+    assert "matmul-64" in result.stdout and "best ms" in result.stdout and "measured 4 candidates" in result.stdout
+
+
+def test_compile_checks_outputs_and_times_both(tmp_path):
+    store = str(tmp_path / "t.db")
+    _json(run_cli("run", "--model", "op:matmul-64", "--trials", "6", "--store", store, "--json"))
+    library = str(tmp_path / "tuned.so")
+    report = _json(run_cli("compile", "--model", "op:matmul-64", "--store", store, "-o", library, "--json"))
+    assert report["outputs_match"] is True and report["tasks_tuned"] == 1
+    assert report["latency_ms"] > 0 and report["untuned_latency_ms"] > 0
+    assert os.path.getsize(library) > 0
+
+
+def test_onnx_model_tunes_and_compiles(tmp_path):
+    model = tmp_path / "tiny.onnx"
+    _write_tiny_onnx(str(model))
+    store = str(tmp_path / "t.db")
+    summary = _json(run_cli("run", "--model", str(model), "--trials", "9", "--store", store, "--json"))
+    assert {t["name"] for t in summary["tasks"]} >= {"fused_conv2d_add_relu", "matmul"}
+    assert summary["trials_measured"] == 9 and summary["errors"] == 0
+    report = _json(run_cli("compile", "--model", str(model), "--store", store, "--json"))
+    assert report["outputs_match"] is True and report["tasks_tuned"] >= 2
+
+
+def test_tasks_of_a_zoo_model():
+    out = _json(run_cli("tasks", "--model", "zoo:resnet-18", "--json"))
+    assert len(out["tasks"]) == 22
+    assert sum(t["flops"] * t["weight"] for t in out["tasks"]) == pytest.approx(3.64e9, rel=0.02)
+    assert {"conv2d_add_relu@4d", "conv2d_add_add_relu@4d"} <= {t["kernel_class"] for t in out["tasks"]}
+
+
+def test_records_export_import_round_trip(tmp_path):
+    store = str(tmp_path / "a.db")
+    _json(run_cli("run", "--model", "op:matmul-64", "--trials", "5", "--store", store, "--json"))
+    exported = run_cli("records", "export", "--format", "metaschedule", str(tmp_path / "ms"), "--store", store)
+    assert exported.returncode == 0 and "wrote 5 records" in exported.stdout
+    other = str(tmp_path / "b.db")
+    imported = run_cli("records", "import", "--format", "metaschedule", str(tmp_path / "ms"), "--store", other)
+    assert imported.returncode == 0 and "imported 5 records of 1 tasks" in imported.stdout
+    a, b = (_json(run_cli("records", "best", "--store", s, "--json"))[0] for s in (store, other))
+    assert a["latency_s"] == pytest.approx(b["latency_s"]) and a["trace"] == b["trace"]
+
+
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        (["run", "--model", "op:matmul-64", "--trials", "4", "--search", "nosuch"], ["unknown search policy 'nosuch'", "random"]),
+        (["run", "--model", "op:matmul-64", "--trials", "4", "--cost-model", "nosuch"], ["unknown cost model 'nosuch'"]),
+        (["run", "--model", "op:nosuch", "--trials", "4"], ["unknown operator 'op:nosuch'"]),
+        (["run", "--model", "zoo:nosuch", "--trials", "4"], ["unknown zoo model"]),
+        (["run", "--model", "missing.onnx", "--trials", "4"], ["no such file"]),
+        (["run", "--model", "op:matmul-64", "--trials", "4", "--target", "{bad json"], ["not valid JSON"]),
+        (["run", "--model", "op:matmul-64", "--trials", "4", "--target", '{"kind": "nosuch"}'], ["nosuch"]),
+        (["run", "--model", "op:matmul-64", "--trials", "4", "--target", '{"kind": "llvm", "mcpu": "bogus"}'], ["bogus"]),
+        (["run", "--model", "op:matmul-64", "--trials", "4", "-O", "search.nosuch=1"], ["unknown option", "nosuch"]),
+        (["run", "--model", "op:matmul-64", "--trials", "4", "-O", "nodot"], ["ROLE.KEY=VALUE"]),
+        (["run", "--model", "op:matmul-64"], ["--trials"]),
+        (["records", "list", "--store", "does-not-exist.db"], ["no such store"]),
+        (["compile", "--model", "op:matmul-64", "--store", "does-not-exist.db"], ["no such store"]),
+        (["records", "import", "--format", "metaschedule", "/nonexistent-dir", "--store", "memory:"], ["not a MetaSchedule JSON database"]),
+    ],
+)
+def test_mistakes_are_one_line_and_exit_2(args, fragments, tmp_path):
+    _one_line_exit_2(run_cli(*args, "--store", "memory:") if args[0] == "run" else run_cli(*args, cwd=tmp_path), *fragments)
+
+
+def test_broken_onnx_file_is_one_line_exit_2(tmp_path):
+    broken = tmp_path / "broken.onnx"
+    broken.write_bytes(b"this is not an onnx model")
+    _one_line_exit_2(run_cli("run", "--model", str(broken), "--trials", "4", "--store", "memory:"), "not a valid ONNX model")
+
+
+def test_store_of_another_program_is_refused(tmp_path):
+    foreign = tmp_path / "foreign.db"
+    with sqlite3.connect(foreign) as db:
+        db.execute("CREATE TABLE things (x)")
+    _one_line_exit_2(run_cli("records", "list", "--store", str(foreign)), "not a tunecore store")
+    text = tmp_path / "notes.txt"
+    text.write_text("hello " * 1000)
+    _one_line_exit_2(run_cli("run", "--model", "op:matmul-64", "--trials", "1", "--store", str(text)), "not a tunecore store")
+
+
+def test_kill_9_loses_nothing_committed_and_measures_nothing_twice(tmp_path):
+    store = str(tmp_path / "k.db")
+    args = [sys.executable, "-m", "tunecore.cli", "run", "--model", "op:matmul-128", "--trials", "400", "--round-size",
+            "4", "--store", store, "--json"]
+    process = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and _count(store) < 12:
+            time.sleep(0.2)
+        assert _count(store) >= 12, "the run did not commit records in time"
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)  # the run and its worker processes, mid-round
+        process.wait()
+    with sqlite3.connect(store) as db:
+        before = {r[0]: r[1] for r in db.execute("SELECT key, latency FROM records")}
+    target = len(before) + 8
+    resumed = _json(run_cli("run", "--model", "op:matmul-128", "--trials", str(target), "--round-size", "4",
+                            "--store", store, "--json"))
+    assert resumed["trials_measured"] == 8 and resumed["trials_total"] == target
+    with sqlite3.connect(store) as db:
+        after = {r[0]: r[1] for r in db.execute("SELECT key, latency FROM records")}
+        runs = db.execute("SELECT COUNT(*), COUNT(finished_at) FROM runs").fetchone()
+    assert len(after) == target and all(after[k] == v for k, v in before.items())
+    assert runs == (2, 1)  # the killed run never finished; the resumed one did
+
+
+def _count(store):
+    if not os.path.exists(store):
+        return 0
+    try:
+        with sqlite3.connect(store) as db:
+            return db.execute("SELECT COUNT(*) FROM records").fetchone()[0]
+    except sqlite3.Error:
+        return 0
+
+
+def _write_tiny_onnx(path):
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights = [
+        numpy_helper.from_array(rng.standard_normal((16, 3, 3, 3)).astype("float32"), "W"),
+        numpy_helper.from_array(rng.standard_normal(16).astype("float32"), "B"),
+        numpy_helper.from_array(rng.standard_normal((16 * 8 * 8, 10)).astype("float32") * 0.05, "W2"),
+        numpy_helper.from_array(np.array([1, -1], dtype=np.int64), "shape"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "W", "B"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("Reshape", ["r", "shape"], ["f"]),
+        helper.make_node("MatMul", ["f", "W2"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])], weights)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)

@@ -1,0 +1,35 @@
+"""Every registered component passes its role's conformance suite."""
+
+import pytest
+
+from tunecore.registry import Registry
+from tunecore.testing import CostModelConformance, MeasurerConformance, RecordStoreConformance, SearchPolicyConformance
+
+REGISTRY = Registry()
+
+
+class TestSearchPolicies(SearchPolicyConformance):
+    @pytest.fixture(params=REGISTRY.names("search"))
+    def component_name(self, request):
+        return request.param
+
+
+class TestCostModels(CostModelConformance):
+    @pytest.fixture(params=REGISTRY.names("cost_model"))
+    def component_name(self, request):
+        return request.param
+
+
+class TestRecordStores(RecordStoreConformance):
+    @pytest.fixture(params=REGISTRY.names("store"))
+    def component_name(self, request):
+        return request.param
+
+    def test_survives_reopen(self, component_name, task, tmp_path):
+        if component_name == "memory":
+            pytest.skip("the memory store forgets on close by design")
+        super().test_survives_reopen(component_name, task, tmp_path)
+
+
+class TestLocalMeasurer(MeasurerConformance):
+    name = "local"

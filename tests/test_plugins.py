@@ -1,0 +1,224 @@
+"""The plugin system: registration, names, errors, and a real third-party distribution."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pluggy
+import pytest
+
+from conftest import run_cli
+from tunecore import hookimpl
+from tunecore.builtin.random_search import RandomSearch
+from tunecore.errors import PluginError
+from tunecore.plugins import describe_plugins, new_plugin_manager
+from tunecore.registry import Registry
+
+
+def _manager_with(*plugins):
+    pm = new_plugin_manager(autoload=False)
+    for i, plugin in enumerate(plugins):
+        pm.register(plugin, name=f"test-plugin-{i}")
+    return pm
+
+
+class _Shadow(RandomSearch):
+    name = "random"
+
+
+class _DuplicatePlugin:
+    @hookimpl
+    def tunecore_register_search_policies(self, register):
+        register(_Shadow)
+
+
+class _NotASearchPolicy:
+    name = "oops"
+
+
+class _BadPlugin:
+    @hookimpl
+    def tunecore_register_search_policies(self, register):
+        register(_NotASearchPolicy)
+
+
+def test_builtins_are_registered_through_hooks():
+    registry = Registry(_manager_with())
+    assert registry.names("search") == ["random"]
+    assert registry.names("cost_model") == ["none"]
+    assert registry.names("store") == ["memory", "sqlite"]
+    assert registry.names("measurer") == ["local"]
+    assert {e.distribution for e in registry.entries()} == {"tunecore"}
+
+
+def test_duplicate_name_names_both_distributions():
+    with pytest.raises(PluginError) as error:
+        Registry(_manager_with(_DuplicatePlugin()))
+    message = str(error.value)
+    assert "search policy 'random' is registered twice" in message
+    assert "by tunecore (" in message and "by test-plugin-0 (" in message
+
+
+def test_unknown_name_lists_installed_and_hints():
+    registry = Registry(_manager_with())
+    with pytest.raises(PluginError, match=r"unknown cost model 'nosuch'; installed: none .*tunecore plugins"):
+        registry.get("cost_model", "nosuch")
+
+
+def test_registering_a_non_component_is_refused():
+    with pytest.raises(PluginError, match="does not subclass SearchPolicy"):
+        Registry(_manager_with(_BadPlugin()))
+
+
+def test_hookspecs_are_documented_and_typed():
+    from tunecore import hookspecs
+
+    pm = pluggy.PluginManager("tunecore")
+    pm.add_hookspecs(hookspecs)
+    for name in dir(pm.hook):
+        if name.startswith("tunecore_"):
+            spec = getattr(hookspecs, name)
+            assert spec.__doc__ and spec.__annotations__, name
+
+
+def test_plugins_json_describes_the_core():
+    plugins = describe_plugins(_manager_with())
+    (core,) = plugins
+    assert core["distribution"] == "tunecore"
+    assert core["components"] == {"cost_model": ["none"], "measurer": ["local"], "search": ["random"], "store": ["memory", "sqlite"]}
+    assert "tunecore_register_search_policies" in core["hooks"]
+
+
+def test_incompatible_target_is_refused_before_work(target):
+    from tunecore.targets import resolve_target
+
+    registry = Registry(_manager_with())
+    cuda = resolve_target("cuda")
+    import tvm
+
+    if not tvm.cuda().exist:
+        with pytest.raises(PluginError, match="measurer 'local' cannot be used with target cuda: there is no cuda device"):
+            registry.check_target(cuda, measurer="local")
+    registry.check_target(target, search="random", cost_model="none", measurer="local")
+
+
+# A real third-party distribution, installed with pip into a separate directory.
+
+_PLUGIN_MODULE = '''
+from tunecore import hookimpl
+from tunecore.builtin.random_search import RandomSearch
+
+
+class FirstSketchSearch(RandomSearch):
+    """Samples only the first sketch of the design space."""
+
+    name = "first-sketch"
+
+    def propose(self, task, n):
+        context = self.contexts[task.task_id]
+        out = []
+        for _ in range(n * 20):
+            sch = context.space.sample(sketch_index=0)
+            if sch is None:
+                continue
+            from tunecore.interfaces import Candidate
+
+            c = Candidate.from_schedule(task, sch, origin=self.name)
+            if c.key not in context.measured and all(c.key != o.key for o in out):
+                out.append(c)
+            if len(out) == n:
+                break
+        return out
+
+
+@hookimpl
+def tunecore_register_search_policies(register):
+    register(FirstSketchSearch)
+'''
+
+_DUPLICATE_MODULE = '''
+from tunecore import hookimpl
+from tunecore.builtin.random_search import RandomSearch
+
+
+class AnotherRandom(RandomSearch):
+    name = "random"
+
+
+@hookimpl
+def tunecore_register_search_policies(register):
+    register(AnotherRandom)
+'''
+
+
+def _write_project(root, dist, package, module_text):
+    project = root / dist
+    (project / package).mkdir(parents=True)
+    (project / package / "__init__.py").write_text(module_text)
+    (project / "pyproject.toml").write_text(textwrap.dedent(f'''
+        [build-system]
+        requires = ["setuptools>=68"]
+        build-backend = "setuptools.build_meta"
+
+        [project]
+        name = "{dist}"
+        version = "1.2.3"
+
+        [project.entry-points.tunecore]
+        {package} = "{package}"
+        '''))
+    return project
+
+
+@pytest.fixture(scope="module")
+def plugin_site(tmp_path_factory):
+    root = tmp_path_factory.mktemp("thirdparty")
+    projects = [
+        _write_project(root, "tunecore-first-sketch", "tunecore_first_sketch", _PLUGIN_MODULE),
+        _write_project(root, "tunecore-dup", "tunecore_dup", _DUPLICATE_MODULE),
+    ]
+    site = root / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site),
+                    *map(str, projects)], check=True, capture_output=True)
+    return site
+
+
+def _env(site, only):
+    path = os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])
+    return {"PYTHONPATH": path, "TUNECORE_LOAD_PLUGINS": only}
+
+
+def test_third_party_search_policy_is_selectable_by_name(plugin_site, tmp_path):
+    env = _env(plugin_site, "tunecore_first_sketch")
+    listed = run_cli("plugins", env=env)
+    assert listed.returncode == 0, listed.stderr
+    (plugin,) = [p for p in json.loads(listed.stdout) if p["distribution"] == "tunecore-first-sketch"]
+    assert plugin["version"] == "1.2.3" and plugin["components"] == {"search": ["first-sketch"]}
+
+    store = str(tmp_path / "store.db")
+    run = run_cli("run", "--model", "op:matmul-64", "--search", "first-sketch", "--trials", "4", "--store", store,
+                  "--json", env=env)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["trials_measured"] == 4
+    from tunecore.store.sqlite import SqliteStore
+
+    s = SqliteStore(store)
+    (task,) = s.get_tasks()
+    assert {r.origin for r in s.records(task.task_id)} == {"first-sketch"}
+    s.close()
+
+
+def test_duplicate_from_a_distribution_is_one_line_exit_2(plugin_site):
+    result = run_cli("run", "--model", "op:matmul-64", "--trials", "1", "--store", "memory:",
+                     env=_env(plugin_site, "tunecore_dup"))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "registered twice: by tunecore (" in lines[0] and "by tunecore-dup (" in lines[0]
+
+
+def test_autoload_can_be_disabled(plugin_site):
+    env = dict(_env(plugin_site, ""), TUNECORE_DISABLE_PLUGIN_AUTOLOAD="1")
+    listed = run_cli("plugins", env=env)
+    assert [p["distribution"] for p in json.loads(listed.stdout)] == ["tunecore"]

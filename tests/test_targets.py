@@ -1,0 +1,49 @@
+import json
+
+import pytest
+
+from tunecore.errors import UsageError
+from tunecore.targets import device_descriptor, host_mcpu, resolve_target, target_from_json, target_to_json
+
+
+def _flags():
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def test_llvm_is_this_host_with_its_vector_isa():
+    from tvm.target import codegen
+
+    target = resolve_target("llvm")
+    assert target.kind.name == "llvm" and target.attrs["mcpu"] == host_mcpu() != "generic"
+    features = codegen.llvm_get_cpu_features(target)
+    flags = _flags()
+    for flag in ("avx2", "fma", "avx512f"):
+        assert (flag in flags) == (flag in features), flag
+
+
+def test_json_round_trip_is_canonical():
+    target = resolve_target("llvm")
+    text = target_to_json(target)
+    assert target_to_json(target_from_json(text)) == text
+    assert json.loads(text)["kind"] == "llvm"
+
+
+def test_json_targets_and_cuda_without_gpu():
+    assert resolve_target('{"kind": "llvm", "mcpu": "haswell", "num-cores": 4}').attrs["mcpu"] == "haswell"
+    assert resolve_target("cuda").kind.name == "cuda"  # code generation works without a GPU
+
+
+@pytest.mark.parametrize("spec", ["{bad", "[1, 2]", '{"kind": "nosuch"}', '{"kind": "llvm", "mcpu": "bogus"}', "llvm -mcpu=znver1"])
+def test_bad_targets_are_usage_errors(spec):
+    with pytest.raises(UsageError):
+        resolve_target(spec)
+
+
+def test_device_descriptor_of_the_host():
+    desc = device_descriptor(resolve_target("llvm"))
+    assert desc["cores"] >= 1 and desc["vector_bits"] in (128, 256, 512)
+    assert desc.get("l1_bytes", 0) > 0 and desc.get("l2_bytes", 0) > 0

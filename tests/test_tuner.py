@@ -1,0 +1,150 @@
+"""The loop and the task schedulers, with the instant measurer (no builds) where timing does not matter."""
+
+import dataclasses
+
+import pytest
+
+from tunecore.builtin.none_model import NoneModel
+from tunecore.builtin.random_search import RandomSearch
+from tunecore.store.sqlite import MemoryStore
+from tunecore.testing import InstantMeasurer
+from tunecore.tuner import UNMEASURED, GradientScheduler, RoundRobinScheduler, TaskState, Tuner, default_round_size
+
+
+def _tuner(store, target, seed=0, **kwargs):
+    cost_model = NoneModel(seed=seed)
+    return Tuner(search=RandomSearch(cost_model=cost_model, store=store, seed=seed), cost_model=cost_model, store=store,
+                 measurer=InstantMeasurer(target), seed=seed, **kwargs)
+
+
+def _task(matmul_task, name, weight=1, flops=1e9, kernel_class="k"):
+    return dataclasses.replace(matmul_task, task_id=name, name=name, weight=weight, flops=flops, kernel_class=kernel_class)
+
+
+def test_budget_counts_what_the_store_holds(matmul_task, target):
+    store = MemoryStore()
+    first = _tuner(store, target).tune([matmul_task], 20)
+    assert (first["trials_measured"], first["trials_total"]) == (20, 20)
+    second = _tuner(store, target).tune([matmul_task], 30)
+    assert (second["trials_measured"], second["trials_total"]) == (10, 30)
+    keys = [r.key for r in store.records(matmul_task.task_id)]
+    assert len(set(keys)) == 30
+    assert [r.trial for r in store.records(matmul_task.task_id)] == list(range(30))
+
+
+def test_same_seed_same_candidates(matmul_task, target):
+    runs = []
+    for _ in range(2):
+        store = MemoryStore()
+        _tuner(store, target, seed=3).tune([matmul_task], 12)
+        runs.append([r.key for r in store.records(matmul_task.task_id)])
+    assert runs[0] == runs[1]
+    other = MemoryStore()
+    _tuner(other, target, seed=4).tune([matmul_task], 12)
+    assert [r.key for r in other.records(matmul_task.task_id)] != runs[0]
+
+
+def test_exhausted_task_stops_the_loop(target):
+    from tunecore.testing import tiny_task
+
+    task = tiny_task("nrm-0")  # a reduction with a small design space
+    summary = _tuner(MemoryStore(), target).tune([task], 100000)
+    assert summary["status"] == "finished" and summary["trials_measured"] < 100000
+    assert summary["tasks"][0]["stopped"].startswith("no new candidates")
+
+
+def test_hooks_see_every_round(matmul_task, target):
+    from tunecore import hookimpl
+    from tunecore.plugins import new_plugin_manager
+
+    seen = {"measured": 0, "results": 0, "start": 0, "end": None}
+
+    class Observer:
+        @hookimpl
+        def tunecore_on_run_start(self, run, tasks):
+            seen["start"] += 1
+
+        @hookimpl
+        def tunecore_on_measured(self, task, candidates, results):
+            for r in results:
+                r.profile["observed"] = 1.0
+            seen["measured"] += len(results)
+
+        @hookimpl
+        def tunecore_on_results(self, task, records):
+            seen["results"] += len(records)
+
+        @hookimpl
+        def tunecore_on_run_end(self, run, summary):
+            seen["end"] = summary["trials_measured"]
+
+    pm = new_plugin_manager(autoload=False)
+    pm.register(Observer())
+    store = MemoryStore()
+    _tuner(store, target, plugin_manager=pm).tune([matmul_task], 10)
+    assert seen == {"measured": 10, "results": 10, "start": 1, "end": 10}
+    assert all(r.profile == {"observed": 1.0} for r in store.records(matmul_task.task_id))
+
+
+def test_failed_candidates_are_recorded_and_counted(matmul_task, target):
+    class FailingSearch(RandomSearch):
+        name = "failing"
+
+        def propose(self, task, n):
+            out = super().propose(task, n)
+            for c in out[::2]:
+                c.origin = "fail-on-purpose"
+            return out
+
+    store = MemoryStore()
+    cost_model = NoneModel()
+    tuner = Tuner(search=FailingSearch(cost_model=cost_model, store=store), cost_model=cost_model, store=store,
+                  measurer=InstantMeasurer(target))
+    summary = tuner.tune([matmul_task], 10)
+    assert summary["errors"] == 5 and summary["trials_measured"] == 10
+    assert sum(r.error is not None for r in store.records(matmul_task.task_id)) == 5
+
+
+def _states(matmul_task, specs):
+    states = []
+    for name, weight, best, rounds in specs:
+        s = TaskState(_task(matmul_task, name, weight=weight))
+        s.best, s.rounds, s.best_history = best, rounds, [best] * rounds
+        states.append(s)
+    return states
+
+
+def test_gradient_scheduler_warms_up_then_follows_the_largest_gain(matmul_task):
+    states = _states(matmul_task, [("a", 1, UNMEASURED, 0), ("b", 1, UNMEASURED, 0)])
+    scheduler = GradientScheduler(states, eps=0.0)
+    assert scheduler.next().task.name == "a"
+    states[0].rounds = 1
+    assert scheduler.next().task.name == "b"
+    # a: weight 10, 1 ms; b: weight 1, 1 ms -> improving a saves 10x more
+    states = _states(matmul_task, [("a", 10, 1e-3, 2), ("b", 1, 1e-3, 2)])
+    assert GradientScheduler(states, eps=0.0).next().task.name == "a"
+    # a task that is still improving fast beats one that has stalled
+    states = _states(matmul_task, [("a", 1, 1e-3, 8), ("b", 1, 1e-3, 8)])
+    states[1].best_history = [8e-3, 6e-3, 4e-3, 2e-3, 1e-3]
+    assert GradientScheduler(states, eps=0.0, alpha=0.9).next().task.name == "b"
+
+
+def test_gradient_scheduler_uses_faster_peers_of_the_same_kernel_class(matmul_task):
+    states = _states(matmul_task, [("slow", 1, 10e-3, 50), ("peer", 1, 1e-3, 50), ("other", 1, 1e-3, 50)])
+    states[2].task = dataclasses.replace(states[2].task, kernel_class="other")
+    # slow has the peer's FLOPs but 10x its latency: beta * flops / best_peer_throughput = 2 ms << 10 ms
+    assert GradientScheduler(states, eps=0.0).next().task.name == "slow"
+
+
+def test_schedulers_skip_finished_tasks(matmul_task):
+    states = _states(matmul_task, [("a", 1, 1e-3, 1), ("b", 1, 1e-3, 1)])
+    states[0].done_reason = "exhausted"
+    assert RoundRobinScheduler(states).next().task.name == "b"
+    assert GradientScheduler(states).next().task.name == "b"
+    states[1].done_reason = "exhausted"
+    assert GradientScheduler(states).next() is None
+
+
+@pytest.mark.parametrize("budget, tasks, expected", [(64, 1, 32), (300, 22, 6), (1000, 22, 22), (20000, 22, 32), (3, 5, 4)])
+def test_round_size_follows_budget(budget, tasks, expected):
+    assert default_round_size(budget, tasks) == expected

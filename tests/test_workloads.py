@@ -1,0 +1,54 @@
+import pytest
+
+from tunecore.errors import UsageError
+from tunecore.workloads import extract_tasks, kernel_class_of, load_workload
+from tunecore.workloads.ops import op_names
+from tunecore.workloads.zoo import ZOO_NAMES
+
+# (tasks, GFLOP) with batch-norm folded into the convolutions, as deployed models are
+ZOO_EXPECTED = {
+    "resnet-18": (22, 3.64), "resnet-50": (32, 8.21), "mobilenet-v2": (33, 0.62), "bert-base": (14, 22.4),
+    "bert-tiny": (14, 0.12), "dcgan": (5, 0.857), "resnet3d-18": (21, 81.4),
+}
+
+
+@pytest.mark.parametrize("name", ZOO_NAMES)
+def test_zoo_models_give_their_tasks(name, target):
+    tasks = extract_tasks(load_workload(f"zoo:{name}"), target)
+    count, gflop = ZOO_EXPECTED[name]
+    assert len(tasks) == count
+    assert sum(t.flops * t.weight for t in tasks) / 1e9 == pytest.approx(gflop, rel=0.01)
+    assert len({t.task_id for t in tasks}) == count
+    assert all(t.model == f"zoo:{name}" and t.weight >= 1 for t in tasks)
+
+
+def test_task_identity_is_stable_across_extractions(target):
+    a = extract_tasks(load_workload("zoo:resnet-18"), target)
+    b = extract_tasks(load_workload("zoo:resnet-18"), target)
+    assert [t.task_id for t in a] == [t.task_id for t in b]
+
+
+def test_same_kernel_in_two_models_has_one_id(target):
+    r18 = {t.workload_hash: t.task_id for t in extract_tasks(load_workload("zoo:resnet-18"), target)}
+    r50 = {t.workload_hash: t.task_id for t in extract_tasks(load_workload("zoo:resnet-50"), target)}
+    shared = set(r18) & set(r50)
+    assert shared and all(r18[h] == r50[h] for h in shared)
+
+
+@pytest.mark.parametrize("name", op_names())
+def test_every_listed_op_builds_a_task(name, target):
+    (task,) = extract_tasks(load_workload(f"op:{name}"), target)
+    assert task.flops > 0 and task.args and task.kernel_class
+
+
+def test_kernel_class_strips_uniquifying_suffixes(target):
+    mod = load_workload("op:c2d-0").mod
+    assert kernel_class_of(mod, "fused_conv2d1_add1_add2_relu1") == "conv2d_add_add_relu@4d"
+    assert kernel_class_of(mod, "fused_conv3d_add_relu") == "conv3d_add_relu@4d"
+    assert kernel_class_of(mod, "fused_matmul3_add4_gelu") == "matmul_add_gelu@4d"
+
+
+@pytest.mark.parametrize("spec", ["zoo:nosuch", "op:nosuch", "op:matmul-0", "nofile.onnx"])
+def test_unknown_workloads_are_usage_errors(spec):
+    with pytest.raises(UsageError):
+        load_workload(spec)

@@ -1,0 +1,27 @@
+"""Test helpers for plugin authors: conformance suites to subclass, and tiny real tasks.
+
+    # tests/test_my_plugin.py of a third-party plugin
+    from tunecore.testing import SearchPolicyConformance
+
+    class TestMySearch(SearchPolicyConformance):
+        name = "my-search"          # as registered through the tunecore entry point
+
+Every suite runs real TVM on a 64x64 matmul (builds in well under a second with a warm pool).
+"""
+
+from tunecore.testing.conformance import (
+    CostModelConformance,
+    MeasurerConformance,
+    RecordStoreConformance,
+    SearchPolicyConformance,
+)
+from tunecore.testing.helpers import InstantMeasurer, tiny_task
+
+__all__ = [
+    "CostModelConformance",
+    "InstantMeasurer",
+    "MeasurerConformance",
+    "RecordStoreConformance",
+    "SearchPolicyConformance",
+    "tiny_task",
+]

@@ -1,0 +1,273 @@
+"""Conformance suites: the contract of each role, as pytest tests a plugin author subclasses.
+
+Set ``name`` to the component's registered name, or override the ``make_*`` method (and, for
+options, ``options``). The suites use real TVM on a tiny task; they assert behaviour, never timings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, ClassVar
+
+import numpy as np
+import pytest
+
+from tunecore.interfaces import Candidate, MeasureResult, Record, Task, TaskContext
+
+
+def _registry() -> Any:
+    from tunecore.registry import Registry
+
+    return Registry()
+
+
+def _sample(task: Task, n: int, seed: int = 1) -> list[Candidate]:
+    from tunecore.space import DesignSpace
+
+    space = DesignSpace(task, seed=seed)
+    out: dict[str, Candidate] = {}
+    for _ in range(n * 20):
+        sch = space.sample()
+        if sch is not None:
+            c = Candidate.from_schedule(task, sch, origin="test")
+            out.setdefault(c.key, c)
+        if len(out) == n:
+            break
+    return list(out.values())
+
+
+class _Suite:
+    name: ClassVar[str] = ""
+    options: ClassVar[dict[str, Any]] = {}
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def task(cls) -> Task:
+        from tunecore.testing.helpers import tiny_task
+
+        return tiny_task()
+
+    @pytest.fixture
+    def component_name(self) -> str:
+        if not self.name:
+            pytest.skip("set `name` on the conformance subclass")
+        return self.name
+
+
+class SearchPolicyConformance(_Suite):
+    """A search policy proposes new, valid, distinct candidates of the task it is asked about."""
+
+    def make_policy(self, name: str, seed: int = 0) -> Any:
+        from tunecore.store.sqlite import MemoryStore
+
+        registry = _registry()
+        cost_model = registry.get("cost_model", "none")(seed=seed)
+        return registry.get("search", name)(cost_model=cost_model, store=MemoryStore(), seed=seed, **self.options)
+
+    def _start(self, policy: Any, task: Task, seed: int = 0, measured: set[str] | None = None) -> None:
+        from tunecore.space import DesignSpace
+
+        policy.start_task(TaskContext(task, DesignSpace(task, seed=seed), seed, set(measured or ()), []))
+
+    def test_has_a_name(self, component_name: str) -> None:
+        assert _registry().get("search", component_name).name == component_name
+
+    def test_proposes_distinct_valid_candidates(self, component_name: str, task: Task) -> None:
+        from tunecore.space import replay_trace_json, schedule_key
+
+        policy = self.make_policy(component_name)
+        self._start(policy, task)
+        candidates = policy.propose(task, 8)
+        assert 0 < len(candidates) <= 8
+        assert len({c.key for c in candidates}) == len(candidates)
+        for c in candidates:
+            assert isinstance(c, Candidate) and c.task is task
+            assert schedule_key(replay_trace_json(task.mod, c.trace_json)) == c.key  # the stored trace is the program
+
+    def test_skips_what_was_measured(self, component_name: str, task: Task) -> None:
+        first = self.make_policy(component_name)
+        self._start(first, task)
+        measured = {c.key for c in first.propose(task, 8)}
+        again = self.make_policy(component_name)
+        self._start(again, task, measured=measured)
+        assert not measured & {c.key for c in again.propose(task, 8)}
+
+    def test_keeps_proposing_new_candidates_after_observing(self, component_name: str, task: Task) -> None:
+        from tunecore.testing.helpers import InstantMeasurer
+
+        policy = self.make_policy(component_name)
+        self._start(policy, task)
+        seen: set[str] = set()
+        for _ in range(3):
+            candidates = policy.propose(task, 4)
+            assert candidates and not seen & {c.key for c in candidates}
+            seen |= {c.key for c in candidates}
+            results = InstantMeasurer(task.target).measure(task, candidates)
+            results[0] = MeasureResult(error="build: failure injected by the conformance suite")
+            policy.observe(task, candidates, results)
+
+    def test_same_seed_same_proposals(self, component_name: str, task: Task) -> None:
+        keys = []
+        for _ in range(2):
+            policy = self.make_policy(component_name, seed=7)
+            self._start(policy, task, seed=7)
+            keys.append([c.key for c in policy.propose(task, 6)])
+        assert keys[0] == keys[1]
+
+
+class CostModelConformance(_Suite):
+    """A cost model scores any batch, learns from successes and failures, and saves safely."""
+
+    def make_model(self, name: str, seed: int = 0) -> Any:
+        return _registry().get("cost_model", name)(seed=seed, **self.options)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def candidates(cls, task: Task) -> list[Candidate]:
+        return _sample(task, 12)
+
+    def _results(self, task: Task, candidates: list[Candidate]) -> list[MeasureResult]:
+        from tunecore.testing.helpers import InstantMeasurer
+
+        results = InstantMeasurer(task.target).measure(task, candidates)
+        results[-1] = MeasureResult(error="run: failure injected by the conformance suite")
+        return results
+
+    def test_predicts_one_finite_float_per_candidate(self, component_name: str, task: Task, candidates: list) -> None:
+        model = self.make_model(component_name)
+        for batch in (candidates, candidates[:1], []):
+            scores = np.asarray(model.predict(task, batch), dtype=np.float64)
+            assert scores.shape == (len(batch),) and np.all(np.isfinite(scores))
+
+    def test_learns_from_successes_and_failures(self, component_name: str, task: Task, candidates: list) -> None:
+        model = self.make_model(component_name)
+        for _ in range(2):
+            model.update(task, candidates, self._results(task, candidates))
+        scores = np.asarray(model.predict(task, candidates), dtype=np.float64)
+        assert scores.shape == (len(candidates),) and np.all(np.isfinite(scores))
+
+    def test_save_load_round_trip(self, component_name: str, task: Task, candidates: list, tmp_path: Any) -> None:
+        model = self.make_model(component_name)
+        model.update(task, candidates, self._results(task, candidates))
+        path = str(tmp_path / "model")
+        try:
+            model.save(path)
+        except NotImplementedError:
+            pytest.skip("this cost model does not save")
+        assert os.path.exists(path)
+        with open(path, "rb") as f:
+            assert not f.read(2).startswith(b"\x80"), "saved with pickle; use JSON or weights_only torch state"
+        loaded = self.make_model(component_name)
+        loaded.load(path)
+        np.testing.assert_allclose(loaded.predict(task, candidates), model.predict(task, candidates), rtol=1e-5, atol=1e-6)
+
+
+class RecordStoreConformance(_Suite):
+    """A store keeps tasks and records durably, deduplicates, ranks, and answers kernel-class queries."""
+
+    persistent: ClassVar[bool] = True  # False for stores that forget on close (memory)
+
+    def make_store(self, name: str, location: str) -> Any:
+        return _registry().get("store", name)(location)
+
+    def _records(self, task: Task, n: int, run_id: int | None = None) -> list[Record]:
+        out = []
+        for i in range(n):
+            failed = i % 4 == 3
+            out.append(Record(task_id=task.task_id, key=f"k{i}", trace_json=json.dumps([[], []]),
+                              run_secs=None if failed else [1e-3 * (n - i)] * 3,
+                              error="run: failed" if failed else None, profile={"instructions": float(i)},
+                              origin="test", trial=i, measured_at=time.time(), run_id=run_id))
+        return out
+
+    def test_tasks_round_trip(self, component_name: str, task: Task, tmp_path: Any) -> None:
+        store = self.make_store(component_name, str(tmp_path / "store"))
+        store.put_tasks([task.for_model("model-a", 3), task.for_model("model-b", 1)])
+        store.put_tasks([task.for_model("model-a", 3)])  # idempotent
+        (got,) = store.get_tasks(model="model-a")
+        assert (got.task_id, got.name, got.kernel_class, got.weight, got.model) == (task.task_id, task.name, task.kernel_class, 3, "model-a")
+        assert got.flops == task.flops and got.args == task.args and got.target_json == task.target_json
+        assert store.get_tasks(model="model-b")[0].weight == 1
+        assert store.get_tasks(model="nothing") == []
+        assert [t.task_id for t in store.get_tasks(task_ids=[task.task_id])] == [task.task_id]
+        assert got.mod.script() == task.mod.script()
+        store.close()
+
+    def test_commit_dedup_best_counts(self, component_name: str, task: Task, tmp_path: Any) -> None:
+        store = self.make_store(component_name, str(tmp_path / "store"))
+        store.put_tasks([task])
+        run_id = store.start_run({"model": "m"})
+        records = self._records(task, 8, run_id)
+        store.commit(records[:5])
+        store.commit(records[3:])  # overlapping keys are ignored
+        stored = store.records(task.task_id)
+        assert [r.key for r in stored] == [r.key for r in records]
+        assert stored[3].error and stored[3].latency is None and stored[0].profile == {"instructions": 0.0}
+        assert stored[0].run_id == run_id and stored[2].trial == 2
+        best = store.best(task.task_id, k=3)
+        assert [r.key for r in best] == ["k6", "k5", "k4"]
+        assert store.counts([task.task_id, "missing"]) == {task.task_id: 8, "missing": 0}
+        store.finish_run(run_id, {"status": "finished"})
+        (run,) = store.runs()
+        assert run["info"] == {"model": "m"} and run["summary"] == {"status": "finished"} and run["finished_at"]
+        store.close()
+
+    def test_kernel_class_query(self, component_name: str, task: Task, tmp_path: Any) -> None:
+        store = self.make_store(component_name, str(tmp_path / "store"))
+        store.put_tasks([task.for_model("donor", 1)])
+        found = store.tasks_by_kernel_class(task.kernel_class, target_kind=task.target_kind)
+        assert [t.task_id for t in found] == [task.task_id]
+        assert store.tasks_by_kernel_class(task.kernel_class, target_kind="cuda") == []
+        assert store.tasks_by_kernel_class("no-such-class") == []
+        store.close()
+
+    def test_survives_reopen(self, component_name: str, task: Task, tmp_path: Any) -> None:
+        if not self.persistent:
+            pytest.skip("this store is not persistent")
+        location = str(tmp_path / "store")
+        store = self.make_store(component_name, location)
+        store.put_tasks([task.for_model("m", 2)])
+        store.commit(self._records(task, 4))
+        store.close()
+        reopened = self.make_store(component_name, location)
+        assert reopened.counts([task.task_id])[task.task_id] == 4
+        assert reopened.get_tasks(model="m")[0].weight == 2
+        reopened.close()
+
+
+class MeasurerConformance(_Suite):
+    """A measurer returns one result per candidate, in order; failures are results, not exceptions."""
+
+    @classmethod
+    def make_measurer(cls, name: str, target: Any) -> Any:
+        return _registry().get("measurer", name)(target, **cls.options)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def measurer(cls, task: Task) -> Any:
+        if not cls.name:
+            pytest.skip("set `name` on the conformance subclass")
+        measurer = cls.make_measurer(cls.name, task.target)
+        yield measurer
+        measurer.close()
+
+    def test_measures_valid_candidates(self, measurer: Any, task: Task) -> None:
+        candidates = _sample(task, 3)
+        results = measurer.measure(task, candidates)
+        assert len(results) == 3
+        for r in results:
+            assert r.error is None, r.error
+            assert r.run_secs and all(s > 0 for s in r.run_secs) and r.latency > 0
+
+    def test_failures_are_results(self, measurer: Any, task: Task) -> None:
+        good = _sample(task, 2)
+        broken = Candidate(task, json.dumps([[["GetSBlock", [], ["no_such_block", "main"], ["b0"]]], []]), "broken", "test")
+        results = measurer.measure(task, [good[0], broken, good[1]])
+        assert len(results) == 3
+        assert results[0].error is None and results[2].error is None
+        assert results[1].error and results[1].latency is None
+
+    def test_empty_batch(self, measurer: Any, task: Task) -> None:
+        assert measurer.measure(task, []) == []
