@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Install tunecore and every plugin under plugins/ into ./.venv (created if missing).
+# Usage: bash install.sh            (then use .venv/bin/tunecore, or `source .venv/bin/activate`)
+set -euo pipefail
+cd "$(dirname "$0")"
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip
+plugins=()
+for project in plugins/*/; do
+    if [ -f "$project/pyproject.toml" ]; then
+        plugins+=(-e "$project")
+    fi
+done
+.venv/bin/python -m pip install --quiet -e ".[test]" "${plugins[@]}"
+.venv/bin/tunecore plugins > /dev/null
+echo "tunecore installed in $(pwd)/.venv with ${#plugins[@]} plugin(s); run .venv/bin/tunecore --help"
