@@ -88,7 +88,7 @@ def test_hooks_see_every_round(matmul_task, target):
 
 def test_failed_candidates_are_recorded_and_counted(matmul_task, target):
     class FailingSearch(RandomSearch):
-        name = "failing"
+        name = "half-broken"
 
         def propose(self, task, n):
             out = super().propose(task, n)
@@ -99,7 +99,7 @@ def test_failed_candidates_are_recorded_and_counted(matmul_task, target):
     store = MemoryStore()
     cost_model = NoneModel()
     tuner = Tuner(search=FailingSearch(cost_model=cost_model, store=store), cost_model=cost_model, store=store,
-                  measurer=InstantMeasurer(target))
+                  measurer=InstantMeasurer(target), round_size=10)
     summary = tuner.tune([matmul_task], 10)
     assert summary["errors"] == 5 and summary["trials_measured"] == 10
     assert sum(r.error is not None for r in store.records(matmul_task.task_id)) == 5

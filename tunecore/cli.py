@@ -162,8 +162,9 @@ def _print_summary(summary: dict[str, Any]) -> None:
     from rich.table import Table
 
     table = Table(title=f"{summary['model']}  ·  search {summary['search']}  ·  cost model {summary['cost_model']}")
-    for column in ("task", "weight", "GFLOP", "trials", "errors", "best ms", "GFLOPS"):
-        table.add_column(column, justify="left" if column == "task" else "right")
+    table.add_column("task", overflow="fold")
+    for column in ("weight", "GFLOP", "trials", "errors", "best ms", "GFLOPS"):
+        table.add_column(column, justify="right", no_wrap=True)
     for t in summary["tasks"]:
         table.add_row(
             t["name"], str(t["weight"]), f"{t['flops'] / 1e9:.3g}", str(t["trials"]), str(t["errors"]),
@@ -197,7 +198,7 @@ def cmd_tasks(args: argparse.Namespace) -> int:
 
     table = Table(title=f"{args.model}: {len(tasks)} tasks, {sum(t.flops * t.weight for t in tasks) / 1e9:.3g} GFLOP")
     for column in ("task", "kernel class", "weight", "GFLOP", "id"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for r in rows:
         table.add_row(r["name"], r["kernel_class"], str(r["weight"]), f"{r['flops'] / 1e9:.3g}", r["task_id"])
     _console().print(table)
@@ -257,7 +258,7 @@ def _records_list(args: argparse.Namespace, store: Any) -> int:
 
     table = Table(title=f"{len(rows)} tasks in the store")
     for column in ("task", "model", "kernel class", "trials", "errors", "best ms"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for r in rows:
         table.add_row(r["name"], r["model"], r["kernel_class"], str(r["trials"]), str(r["errors"]), _ms(r["best_latency_s"]))
     _console().print(table)

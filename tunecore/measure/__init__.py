@@ -1,0 +1,1 @@
+"""Measurers: how candidates are built and timed (`local` here; plugins add others)."""

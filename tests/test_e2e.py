@@ -1,0 +1,32 @@
+"""Tune a whole network and compile it with its records, as a user would."""
+
+import json
+
+import pytest
+
+from conftest import run_cli
+
+
+def _run_then_compile(model, trials, store):
+    run = run_cli("run", "--model", model, "--trials", str(trials), "--store", store, "--json", timeout=3000)
+    assert run.returncode == 0, run.stderr
+    summary = json.loads(run.stdout)
+    compiled = run_cli("compile", "--model", model, "--store", store, "--json", timeout=3000)
+    assert compiled.returncode == 0, compiled.stderr
+    return summary, json.loads(compiled.stdout)
+
+
+def test_bert_tiny_tunes_every_task_and_compiles(tmp_path):
+    summary, report = _run_then_compile("zoo:bert-tiny", 42, str(tmp_path / "t.db"))
+    assert summary["trials_measured"] == 42 and summary["errors"] == 0
+    assert all(t["best_latency_s"] for t in summary["tasks"])
+    assert report["tasks_tuned"] == report["tasks_total"] == 14
+    assert report["outputs_match"] and report["max_relative_error"] <= 1e-3
+
+
+@pytest.mark.slow
+def test_resnet18_300_trials_then_compile(tmp_path):
+    summary, report = _run_then_compile("zoo:resnet-18", 300, str(tmp_path / "t.db"))
+    assert summary["trials_measured"] == 300
+    assert report["tasks_tuned"] == report["tasks_total"] == 22 and report["outputs_match"]
+    print(f"resnet-18: tuned {report['latency_ms']:.1f} ms, untuned {report['untuned_latency_ms']:.1f} ms")
