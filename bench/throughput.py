@@ -113,7 +113,7 @@ def main() -> None:
         results[name] = r
         print(f"  {r['measured']} measured ({r['ok']} ok) in {r['wall_s']:.1f} s", file=sys.stderr, flush=True)
     base = results["tunecore"]["ok_per_min"]
-    for name, r in results.items():
+    for r in results.values():
         r["tunecore_speedup"] = base / r["ok_per_min"] if r["ok_per_min"] else None
 
     report = {"benchmark": "throughput", "model": args.model, "trials": args.trials, "seed": args.seed,

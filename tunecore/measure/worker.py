@@ -22,6 +22,19 @@ def init_worker(target_json: str) -> None:
     load_tensor_intrinsics(target_from_json(target_json))
 
 
+def _fill(tensor: Any) -> None:
+    """Random floats; zeros for integers, which are often indices (embedding ids, gather positions):
+    random ones would point out of bounds and crash the kernel, while zero is valid for any non-empty axis."""
+    import numpy as np
+    import tvm
+
+    dtype = str(tensor.dtype)
+    if dtype.startswith(("int", "uint", "bool")):
+        tensor.copyfrom(np.zeros([int(d) for d in tensor.shape], dtype=dtype))
+    else:
+        tvm.get_global_func("tvm.contrib.random.random_fill_for_measure")(tensor)
+
+
 def ping() -> int:
     return os.getpid()
 
@@ -60,8 +73,7 @@ def run(path: str, target_json: str, args_info: list, evaluator: dict[str, Any],
     signature = json.dumps([kind, args_info])
     if _last_args is None or _last_args[0] != signature:
         _last_args = None  # free the old buffers before allocating new ones
-        fill = tvm.get_global_func("tvm.contrib.random.random_fill_for_measure")
-        _last_args = (signature, alloc_argument_common(fill, device, args_info, 1))
+        _last_args = (signature, alloc_argument_common(_fill, device, args_info, 1))
     args = _last_args[1]
     function = module[module.entry_name]
     start = time.perf_counter()

@@ -1,0 +1,67 @@
+"""The local measurer survives what candidates do to it: crashes and timeouts are results."""
+
+import pytest
+
+from tunecore.interfaces import Candidate
+from tunecore.measure.local import LocalMeasurer
+from tunecore.space import DesignSpace, new_schedule
+
+
+def _crashing_task(target):
+    import tvm
+    from tvm import te
+
+    from tunecore.workloads import make_task
+
+    a = te.placeholder((16,), name="A")
+    b = te.compute((16,), lambda i: a[i * 100_000_000 + 1_000_000_000], name="B")  # gigabytes out of bounds
+    mod = tvm.IRModule({"main": te.create_prim_func([a, b])})
+    return make_task(mod, target, name="crash", kernel_class="crash@1d", model="test")
+
+
+def _candidates(task, n):
+    space = DesignSpace(task, seed=1)
+    out = {}
+    for _ in range(50 * n):
+        if len(out) == n:
+            break
+        sch = space.sample()
+        if sch is not None:
+            c = Candidate.from_schedule(task, sch)
+            out[c.key] = c
+    return list(out.values())
+
+
+@pytest.fixture(scope="module")
+def measurer(target):
+    m = LocalMeasurer(target)
+    yield m
+    m.close()
+
+
+def test_a_segfaulting_kernel_is_a_failed_result(measurer, target, matmul_task):
+    task = _crashing_task(target)
+    (result,) = measurer.measure(task, [Candidate.from_schedule(task, new_schedule(task.mod))])
+    assert result.error and "crashed" in result.error and result.latency is None
+    (after,) = measurer.measure(matmul_task, _candidates(matmul_task, 1))  # a fresh runner took over
+    assert after.error is None and after.latency > 0
+
+
+def test_timeouts_are_failed_results_and_the_pool_recovers(target):
+    from tunecore.testing import tiny_task
+
+    task = tiny_task("matmul-512")
+    slow = LocalMeasurer(target, run_timeout=0.01, screen=0)
+    try:
+        results = slow.measure(task, _candidates(task, 2))
+        assert all(r.error == "run: timed out after 0.01 s" for r in results)
+    finally:
+        slow.close()
+
+
+def test_integer_index_inputs_do_not_crash_gathers(measurer, target):
+    from tunecore.workloads import extract_tasks, load_workload
+
+    (take,) = [t for t in extract_tasks(load_workload("zoo:bert-tiny"), target) if t.name == "take"]
+    (result,) = measurer.measure(take, _candidates(take, 1))
+    assert result.error is None and result.latency > 0
