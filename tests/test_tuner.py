@@ -148,3 +148,18 @@ def test_schedulers_skip_finished_tasks(matmul_task):
 @pytest.mark.parametrize("budget, tasks, expected", [(64, 1, 32), (300, 22, 6), (1000, 22, 22), (20000, 22, 32), (3, 5, 4)])
 def test_round_size_follows_budget(budget, tasks, expected):
     assert default_round_size(budget, tasks) == expected
+
+
+def test_a_broken_measurer_ends_the_run_as_failed(matmul_task, target):
+    class BrokenMeasurer(InstantMeasurer):
+        def measure(self, task, candidates):
+            raise RuntimeError("the device is gone")
+
+    store = MemoryStore()
+    cost_model = NoneModel()
+    tuner = Tuner(search=RandomSearch(cost_model=cost_model, store=store), cost_model=cost_model, store=store,
+                  measurer=BrokenMeasurer(target))
+    with pytest.raises(RuntimeError):
+        tuner.tune([matmul_task], 8)
+    (run,) = store.runs()
+    assert run["summary"]["status"] == "failed" and run["summary"]["trials_measured"] == 0

@@ -47,6 +47,7 @@ class TaskState:
     best_history: list[float] = dataclasses.field(default_factory=list)  # best after each round
     failed_rounds: int = 0  # consecutive rounds without a single success, while best is UNMEASURED
     measured: set[str] = dataclasses.field(default_factory=set)
+    history: list[Record] = dataclasses.field(default_factory=list)  # stored before this run; dropped once started
     started: bool = False
     done_reason: str | None = None  # why the task gets no more rounds ("exhausted", "all candidates fail")
 
@@ -190,7 +191,7 @@ class Tuner:
         self._warm_start(states)
         scheduler = SCHEDULERS[self.scheduler_name](states, seed=derive_seed(self.seed, "scheduler"))
         measured = errors = 0
-        status = "interrupted"
+        status = "failed"
         try:
             while measured < budget:
                 state = scheduler.next()
@@ -204,6 +205,9 @@ class Tuner:
                 if self.on_round:
                     self.on_round(RoundReport(state.task, measured, budget, errors, estimated_latency(states), states))
             status = "finished"
+        except KeyboardInterrupt:
+            status = "interrupted"
+            raise
         finally:
             summary = summarize(states, run, measured=measured, errors=errors, elapsed=time.time() - started, status=status)
             self.store.finish_run(run_id, summary)
@@ -213,10 +217,9 @@ class Tuner:
     def _restore_states(self, tasks: Sequence[Task]) -> list[TaskState]:
         states = []
         for task in tasks:
-            state = TaskState(task)
-            records = self.store.records(task.task_id)
-            if records:
-                state.add_round(records)
+            state = TaskState(task, history=self.store.records(task.task_id))
+            if state.history:
+                state.add_round(state.history)
                 state.failed_rounds = 0
                 state.done_reason = None
             states.append(state)
@@ -225,9 +228,9 @@ class Tuner:
     def _warm_start(self, states: list[TaskState]) -> None:
         """Teach the cost model what the store already knows about these tasks."""
         for state in states:
-            records = self.store.records(state.task.task_id) if state.trials else []
-            if records:
-                self.cost_model.update(state.task, [r.candidate(state.task) for r in records], [r.result() for r in records])
+            if state.history:
+                task, records = state.task, state.history
+                self.cost_model.update(task, [r.candidate(task) for r in records], [r.result() for r in records])
 
     def _round(self, state: TaskState, n: int, trial_base: int, run_id: int) -> list[Record]:
         task = state.task
@@ -236,9 +239,8 @@ class Tuner:
 
             seed = derive_seed(self.seed, task.task_id, state.trials)  # a resumed run samples afresh
             space = DesignSpace(task, seed=seed)
-            history = self.store.records(task.task_id) if state.trials else []
-            self.search.start_task(TaskContext(task, space, seed, set(state.measured), history))
-            state.started = True
+            self.search.start_task(TaskContext(task, space, seed, set(state.measured), state.history))
+            state.started, state.history = True, []
         candidates = _unique_new(self.search.propose(task, n), state.measured)[:n]
         if not candidates:
             state.done_reason = "no new candidates (design space exhausted)"
