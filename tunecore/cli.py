@@ -102,9 +102,14 @@ def _version() -> str:
 
 
 def _console(stderr: bool = False) -> Any:
+    import os
+
     from rich.console import Console
 
-    return Console(stderr=stderr)
+    stream = sys.stderr if stderr else sys.stdout
+    # rich assumes 80 columns when writing to a file or pipe; task names need more to stay readable
+    width = None if stream.isatty() or os.environ.get("COLUMNS") else 120
+    return Console(stderr=stderr, width=width)
 
 
 def _ms(seconds: float | None) -> str:
