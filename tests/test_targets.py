@@ -1,4 +1,7 @@
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -47,3 +50,16 @@ def test_device_descriptor_of_the_host():
     desc = device_descriptor(resolve_target("llvm"))
     assert desc["cores"] >= 1 and desc["vector_bits"] in (128, 256, 512)
     assert desc.get("l1_bytes", 0) > 0 and desc.get("l2_bytes", 0) > 0
+
+
+def test_kernels_run_on_as_many_threads_as_the_target_has_cores():
+    # TVM alone halves the CPU count on x86 (it assumes hyper-threading): on this 2-core machine
+    # without it, every parallel kernel ran on one core.
+    code = (
+        "import tvm; from tunecore.targets import use_target_threads; "
+        "import os; t = tvm.target.Target({'kind': 'llvm', 'num-cores': os.cpu_count()}); "
+        "print(use_target_threads(t), tvm.get_global_func('runtime.NumThreads')())"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TVM_NUM_THREADS"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == [str(os.cpu_count())] * 2

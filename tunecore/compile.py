@@ -135,6 +135,9 @@ def compile_and_check(workload: Workload, target: Any, store: RecordStore, *, ou
     """Build tuned and untuned, compare outputs, time both. Returns the report ``tunecore compile --json`` prints."""
     from tvm.s_tir import meta_schedule as ms
 
+    from tunecore.targets import use_target_threads
+
+    threads = use_target_threads(target)
     tasks = extract_tasks(workload, target)
     database, covered = best_database(store, tasks, target)
     started = time.time()
@@ -163,5 +166,6 @@ def compile_and_check(workload: Workload, target: Any, store: RecordStore, *, ou
         "outputs_match": bool(error <= _RELATIVE_TOLERANCE),
         "max_relative_error": error,
         "compile_s": round(compile_s, 2),
+        "threads": threads,
         "output": output,
     }

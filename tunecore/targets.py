@@ -48,6 +48,18 @@ def physical_cores() -> int:
     return psutil.cpu_count(logical=False) or os.cpu_count() or 1
 
 
+def use_target_threads(target: Any) -> int:
+    """Make TVM's runtime thread pool in this process (and processes it starts) as wide as the target.
+
+    Without TVM_NUM_THREADS, TVM's runtime halves the CPU count on x86 on the assumption of
+    hyper-threading; on a machine without it, parallel kernels silently run on half the cores.
+    Call before the first kernel runs: the pool reads the variable once. A user's setting wins.
+    """
+    cores = int(target.attrs.get("num-cores", 0)) if target.kind.name == "llvm" else 0
+    os.environ.setdefault("TVM_NUM_THREADS", str(cores or physical_cores()))
+    return int(os.environ["TVM_NUM_THREADS"])
+
+
 @functools.lru_cache(maxsize=None)
 def host_mcpu() -> str:
     """The LLVM CPU name to compile for on this host.
@@ -84,10 +96,21 @@ def resolve_target(spec: str | None) -> Any:
     if spec == "llvm":
         return host_target()
     if spec == "cuda":
-        config: Any = {"kind": "cuda", "host": host_target().export()}
-        if tvm.cuda().exist:
-            config["arch"] = "sm_" + tvm.cuda().compute_version.replace(".", "")
+        # MetaSchedule's GPU rules need these limits; TVM fills them only from a present device.
+        # Without one: the limits of every NVIDIA GPU since Maxwell (sm_50).
+        config: Any = {"kind": "cuda", "host": host_target().export(), "arch": "sm_50", "max_threads_per_block": 1024,
+                       "max_shared_memory_per_block": 49152, "thread_warp_size": 32, "registers_per_block": 65536}
+        device = tvm.cuda()
+        if device.exist:
+            config.update(arch="sm_" + device.compute_version.replace(".", ""),
+                          max_threads_per_block=device.max_threads_per_block,
+                          max_shared_memory_per_block=device.max_shared_memory_per_block, thread_warp_size=device.warp_size)
         return _make_target(config, spec)
+    if "/" in spec and not spec.startswith("{"):  # a TVM target tag such as nvidia/nvidia-a100
+        try:
+            return tvm.target.Target(spec, host=host_target())
+        except Exception as error:
+            raise UsageError(f"--target {spec}: {str(error).splitlines()[0]}") from None
     if spec.startswith("{"):
         try:
             config = json.loads(spec)
@@ -98,7 +121,7 @@ def resolve_target(spec: str | None) -> Any:
         return _make_target(config, spec)
     if spec.isidentifier():
         return _make_target({"kind": spec}, spec)
-    raise UsageError(f'--target {spec!r}: use llvm, cuda or a JSON dict such as \'{{"kind": "llvm", "mcpu": "haswell"}}\'')
+    raise UsageError(f'--target {spec!r}: use llvm, cuda, a TVM tag such as nvidia/nvidia-a100 or a JSON dict such as \'{{"kind": "llvm", "mcpu": "haswell"}}\'')
 
 
 def _make_target(config: dict, spec: str) -> Any:

@@ -17,9 +17,11 @@ _last_args: tuple[str, Any] | None = None  # runner: the arguments of the last t
 
 def init_worker(target_json: str) -> None:
     from tunecore.space import load_tensor_intrinsics
-    from tunecore.targets import target_from_json
+    from tunecore.targets import target_from_json, use_target_threads
 
-    load_tensor_intrinsics(target_from_json(target_json))
+    target = target_from_json(target_json)
+    use_target_threads(target)
+    load_tensor_intrinsics(target)
 
 
 def _fill(tensor: Any) -> None:
