@@ -50,28 +50,34 @@ def _metaschedule_worker(model: str, trials: int, strategy: str, builder_timeout
     print(json.dumps({"measured": len(secs), "ok": len(ok), "best_latency_s": min(ok) if ok else None}))
 
 
-def _run_child(args: list[str]) -> tuple[float, dict]:
+def run_timed(args: list[str]) -> tuple[float, str]:
+    """Run a benchmark child process; returns (wall seconds from start to exit, its stdout)."""
     started = time.perf_counter()
     result = subprocess.run(args, capture_output=True, text=True)
     wall = time.perf_counter() - started
     if result.returncode != 0:
         raise SystemExit(f"benchmark child failed ({result.returncode}): {' '.join(args)}\n{result.stderr[-3000:]}")
-    return wall, json.loads(result.stdout.strip().splitlines()[-1] if args[1] == __file__ else result.stdout)
+    return wall, result.stdout
+
+
+def last_json_line(stdout: str) -> dict:
+    return json.loads(stdout.strip().splitlines()[-1])
 
 
 def run_tunecore(model: str, trials: int, seed: int) -> dict:
-    wall, summary = _run_child([sys.executable, "-m", "tunecore.cli", "run", "--model", model, "--trials", str(trials),
+    wall, out = run_timed([sys.executable, "-m", "tunecore.cli", "run", "--model", model, "--trials", str(trials),
                                 "--search", "random", "--measurer", "local", "--store", "memory:", "--seed", str(seed),
                                 "--json"])
+    summary = json.loads(out)
     best = summary["tasks"][0]["best_latency_s"]
     return {"wall_s": wall, "measured": summary["trials_measured"], "ok": summary["trials_measured"] - summary["errors"],
             "best_latency_s": best}
 
 
 def run_metaschedule(model: str, trials: int, strategy: str, builder_timeout: float | None, seed: int) -> dict:
-    wall, out = _run_child([sys.executable, __file__, "--_metaschedule", model, str(trials), strategy,
-                            str(builder_timeout or 0), str(seed)])
-    return {"wall_s": wall, **out}
+    wall, out = run_timed([sys.executable, __file__, "--_metaschedule", model, str(trials), strategy,
+                           str(builder_timeout or 0), str(seed)])
+    return {"wall_s": wall, **last_json_line(out)}
 
 
 def environment() -> dict:

@@ -6,15 +6,21 @@ from tunecore.registry import Registry
 from tunecore.testing import CostModelConformance, MeasurerConformance, RecordStoreConformance, SearchPolicyConformance
 
 REGISTRY = Registry()
+# Settings under which each component is reproducible from its seed (the suites check that) and quick.
+OPTIONS = {"ansor": {"population": 48, "iterations": 2}, "xgb": {"min_data": 4}}
 
 
 class TestSearchPolicies(SearchPolicyConformance):
+    options_by_name = OPTIONS
+
     @pytest.fixture(params=REGISTRY.names("search"))
     def component_name(self, request):
         return request.param
 
 
 class TestCostModels(CostModelConformance):
+    options_by_name = OPTIONS
+
     @pytest.fixture(params=REGISTRY.names("cost_model"))
     def component_name(self, request):
         return request.param

@@ -13,7 +13,7 @@ import dataclasses
 import statistics
 import time
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Collection, Sequence
 
 if TYPE_CHECKING:
     import numpy as np
@@ -64,40 +64,76 @@ class Task:
         return dataclasses.replace(self, model=model, weight=weight)
 
 
-@dataclasses.dataclass(eq=False)
 class Candidate:
     """A schedule of a task, proposed for measurement.
 
     ``trace_json`` (the full trace with decisions and postprocessors, in MetaSchedule's JSON form)
     is what is stored; ``mod`` (the scheduled module) is what is built. ``key`` identifies the
     program: two candidates with the same key are the same program and are measured once.
+    A candidate made from a schedule computes these only when asked, so searches can score many
+    candidates cheaply; one made from a stored trace replays it only when asked.
     """
 
-    task: Task
-    trace_json: str
-    key: str
-    origin: str = ""  # what produced it: "random", "evolve", "transfer:<donor task id>", ...
-    _mod: Any = dataclasses.field(default=None, repr=False)
+    def __init__(self, task: Task, trace_json: str | None = None, key: str | None = None, origin: str = "",
+                 sch: Any = None):
+        if trace_json is None and sch is None:
+            raise ValueError("a candidate needs a trace or a schedule")
+        self.task = task
+        self.origin = origin  # what produced it: "random", "evolve", "transfer:<donor task id>", ...
+        self._trace_json = trace_json
+        self._key = key
+        self._sch = sch
 
     @classmethod
     def from_schedule(cls, task: Task, sch: Any, origin: str = "") -> Candidate:
-        from tunecore.space import schedule_key, trace_to_json
+        return cls(task, origin=origin, sch=sch)
 
-        return cls(task, trace_to_json(sch.trace), schedule_key(sch), origin, sch.mod)
+    @property
+    def sch(self) -> Any:
+        """The schedule (tvm.s_tir.Schedule); replays the stored trace on first use (RuntimeError if it does not apply)."""
+        if self._sch is None:
+            from tunecore.space import replay_trace_json
+
+            self._sch = replay_trace_json(self.task.mod, self._trace_json)
+        return self._sch
 
     @property
     def mod(self) -> tvm.IRModule:
-        if self._mod is None:
-            from tunecore.space import replay_trace_json
-
-            self._mod = replay_trace_json(self.task.mod, self.trace_json).mod
-        return self._mod
+        return self.sch.mod
 
     @property
     def trace(self) -> Any:
-        from tunecore.space import replay_trace_json
+        return self.sch.trace
 
-        return replay_trace_json(self.task.mod, self.trace_json).trace
+    @property
+    def trace_json(self) -> str:
+        if self._trace_json is None:
+            from tunecore.space import trace_to_json
+
+            self._trace_json = trace_to_json(self._sch.trace)
+        return self._trace_json
+
+    @property
+    def key(self) -> str:
+        if self._key is None:
+            from tunecore.space import schedule_key
+
+            self._key = schedule_key(self.sch)
+        return self._key
+
+    def __repr__(self) -> str:
+        return f"Candidate(task={self.task.name!r}, key={self._key!r}, origin={self.origin!r})"
+
+
+def distinct(candidates: Sequence[Candidate], exclude: Collection[str] = ()) -> list[Candidate]:
+    """The candidates with distinct keys (first occurrence kept), leaving out keys in ``exclude``."""
+    seen = set(exclude)
+    out = []
+    for c in candidates:
+        if c.key not in seen:
+            seen.add(c.key)
+            out.append(c)
+    return out
 
 
 @dataclasses.dataclass
@@ -108,6 +144,7 @@ class MeasureResult:
     error: str | None = None
     build_secs: float = 0.0
     profile: dict[str, float] = dataclasses.field(default_factory=dict)
+    measure_secs: float = 0.0  # wall time the measurer spent on this candidate's batch, divided by its size
 
     @property
     def latency(self) -> float | None:

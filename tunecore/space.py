@@ -129,40 +129,49 @@ class DesignSpace:
         self.postprocs = list(self.context.space_generator.postprocs)
         self.rng = np.random.default_rng(seed)
 
-    def apply_postprocs(self, sch: Any) -> bool:
+    def apply_postprocs(self, sch: Any, postprocs: list | None = None) -> bool:
         """Postprocess in place; False if the schedule turned out invalid."""
         try:
-            return all(p.apply(sch) for p in self.postprocs)
+            return all(p.apply(sch) for p in (postprocs or self.postprocs))
         except Exception:  # a postprocessor can throw on a schedule it finds malformed: invalid
             return False
 
-    def sample(self, sketch_index: int | None = None) -> Any | None:
-        """A random schedule from one sketch (random sketch if None); None if it came out invalid."""
-        from tvm.s_tir.schedule import Trace
+    def thread_postprocs(self) -> list:
+        """Postprocessors for one worker thread (they may keep state, so threads must not share them)."""
+        return [p.clone() for p in self.postprocs]
 
+    def sample(self, sketch_index: int | None = None, seed: int | None = None, postprocs: list | None = None) -> Any | None:
+        """A random schedule from one sketch (random sketch if None); None if it came out invalid.
+
+        With ``seed`` the result depends on nothing else (safe to call from several threads, each
+        with its own ``postprocs``); without, the space's own random stream is used.
+        """
         if not self.sketches:
             return None
+        rng = self.rng if seed is None else np.random.default_rng(seed)
         if sketch_index is None:
-            sketch_index = int(self.rng.integers(len(self.sketches)))
-        sch = new_schedule(self.task.mod, seed=int(self.rng.integers(1, 2**31 - 1)))
-        try:
-            Trace(self.sketches[sketch_index].trace.insts, {}).apply_to_schedule(sch, remove_postproc=True)
-        except Exception:  # schedule primitives refuse some random decisions: invalid sample
-            return None
-        return sch if self.apply_postprocs(sch) else None
+            sketch_index = int(rng.integers(len(self.sketches)))
+        return self.apply(self.sketches[sketch_index].trace, keep_decisions=False,
+                          seed=int(rng.integers(1, 2**31 - 1)), postprocs=postprocs)
 
-    def apply(self, trace: Any, keep_decisions: bool = True) -> Any | None:
+    def apply(self, trace: Any, keep_decisions: bool = True, seed: int | None = None,
+              postprocs: list | None = None) -> Any | None:
         """Replay a trace (e.g. a mutated or transferred one) on this task with postprocessors; None if invalid."""
         from tvm.s_tir.schedule import Trace
 
-        sch = new_schedule(self.task.mod, seed=int(self.rng.integers(1, 2**31 - 1)))
+        sch = new_schedule(self.task.mod, seed=seed if seed is not None else int(self.rng.integers(1, 2**31 - 1)))
         if not keep_decisions:
             trace = Trace(trace.insts, {})
         try:
             trace.apply_to_schedule(sch, remove_postproc=True)
-        except Exception:
+        except Exception:  # schedule primitives refuse some decisions: invalid
             return None
-        return sch if self.apply_postprocs(sch) else None
+        return sch if self.apply_postprocs(sch, postprocs) else None
+
+    def mutators(self) -> list[tuple[Any, float]]:
+        """The target's mutators (tile size, parallel, unroll, compute location...) with their probabilities."""
+        probs = self.context.space_generator.mutator_probs or {}
+        return [(m, float(p)) for m, p in probs.items()]
 
 
 def _rand_state(seed: int) -> int:

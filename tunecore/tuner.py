@@ -17,7 +17,6 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from tunecore.interfaces import (
-    Candidate,
     CostModel,
     Measurer,
     Record,
@@ -25,6 +24,7 @@ from tunecore.interfaces import (
     SearchPolicy,
     Task,
     TaskContext,
+    distinct,
 )
 
 UNMEASURED = 1e10  # seconds; the latency a task without any successful record counts as
@@ -241,7 +241,7 @@ class Tuner:
             space = DesignSpace(task, seed=seed)
             self.search.start_task(TaskContext(task, space, seed, set(state.measured), state.history))
             state.started, state.history = True, []
-        candidates = _unique_new(self.search.propose(task, n), state.measured)[:n]
+        candidates = distinct(self.search.propose(task, n), state.measured)[:n]
         if not candidates:
             state.done_reason = "no new candidates (design space exhausted)"
             return []
@@ -258,16 +258,6 @@ class Tuner:
         self.search.observe(task, candidates, results)
         self.hooks.tunecore_on_results(task=task, records=records)
         return records
-
-
-def _unique_new(candidates: Sequence[Candidate], measured: set[str]) -> list[Candidate]:
-    seen = set(measured)
-    out = []
-    for c in candidates:
-        if c.key not in seen:
-            seen.add(c.key)
-            out.append(c)
-    return out
 
 
 def estimated_latency(states: Sequence[TaskState]) -> float | None:

@@ -69,9 +69,12 @@ class LocalMeasurer(Measurer):
         return reason
 
     def measure(self, task: Task, candidates: Sequence[Candidate]) -> list[MeasureResult]:
+        import time
+
         import tvm
 
         concurrent.futures.wait(self._warmup)
+        started = time.perf_counter()
         results = [MeasureResult() for _ in candidates]
         builds: list[concurrent.futures.Future | None] = []
         for result, candidate in zip(results, candidates):
@@ -105,6 +108,8 @@ class LocalMeasurer(Measurer):
             _remove(path)
             if result.latency is not None:
                 self.best[task.task_id] = min(result.latency, best or result.latency)
+        for result in results:
+            result.measure_secs = (time.perf_counter() - started) / len(results)
         return results
 
     def close(self) -> None:

@@ -40,7 +40,11 @@ def _sample(task: Task, n: int, seed: int = 1) -> list[Candidate]:
 
 class _Suite:
     name: ClassVar[str] = ""
-    options: ClassVar[dict[str, Any]] = {}
+    options: ClassVar[dict[str, Any]] = {}  # constructor options; by component name in `options_by_name`
+    options_by_name: ClassVar[dict[str, dict[str, Any]]] = {}
+
+    def options_for(self, name: str) -> dict[str, Any]:
+        return self.options_by_name.get(name, self.options)
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -64,7 +68,7 @@ class SearchPolicyConformance(_Suite):
 
         registry = _registry()
         cost_model = registry.get("cost_model", "none")(seed=seed)
-        return registry.get("search", name)(cost_model=cost_model, store=MemoryStore(), seed=seed, **self.options)
+        return registry.get("search", name)(cost_model=cost_model, store=MemoryStore(), seed=seed, **self.options_for(name))
 
     def _start(self, policy: Any, task: Task, seed: int = 0, measured: set[str] | None = None) -> None:
         from tunecore.space import DesignSpace
@@ -121,7 +125,7 @@ class CostModelConformance(_Suite):
     """A cost model scores any batch, learns from successes and failures, and saves safely."""
 
     def make_model(self, name: str, seed: int = 0) -> Any:
-        return _registry().get("cost_model", name)(seed=seed, **self.options)
+        return _registry().get("cost_model", name)(seed=seed, **self.options_for(name))
 
     @pytest.fixture(scope="class")
     @classmethod

@@ -1,0 +1,253 @@
+"""tunecore `ansor` + `xgb` against MetaSchedule's tune_tir (evolutionary search + XGBoost), per operator.
+
+For every operator and seed, both tuners run as their own processes, one after the other, with the
+same target, trial budget and seed, and are timed from process start to exit:
+
+  tunecore       tunecore run --search ansor --cost-model xgb (local measurer, its own store)
+  metaschedule   ms.tune_tir(strategy="evolutionary", cost model xgb, 64 trials per iteration), with
+                 LocalBuilder(timeout_sec=600): its stock 30 s timeout builds nothing here (see throughput.py)
+
+The machine's speed drifts by up to ~20% over an hour, so latencies recorded during the runs are not
+compared across runs. After all seeds of an operator, the 3 best programs of every run are
+re-measured together in one measurer, in alternating order over 4 passes; a run's best latency is
+the minimum over its programs of the median over passes.
+
+Then matmul-1024 fp32: tunecore after --big-trials trials against numpy's matmul (OpenBLAS), timed in
+the same process right after.
+
+    python bench/ansor_vs_metaschedule.py [--ops matmul-512,...] [--seeds 3] [--trials 256] [--big-trials 1000]
+
+Resumable: finished runs are kept in --work (default: a directory under /tmp) and skipped when
+the command is repeated. Writes bench/results/ansor_vs_metaschedule.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from throughput import BUILDER_TIMEOUT_S, environment, last_json_line, run_timed  # noqa: E402
+
+OPS = ["matmul-512", "conv2d-resnet50-c2", "dwconv-mobilenetv2", "dense-bert", "batch-matmul-bert"]
+TOP_K = 3
+PASSES = 4
+
+
+def _metaschedule_worker(model: str, trials: int, seed: int, work_dir: str) -> None:
+    """Runs inside a child process: tune with MetaSchedule into work_dir."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from tunecore.targets import resolve_target
+    from tunecore.workloads import load_workload
+
+    db = ms.tune_tir(load_workload(model).mod, resolve_target("llvm"), work_dir, max_trials_global=trials,
+                     num_trials_per_iter=64, strategy="evolutionary", cost_model="xgb",
+                     builder=ms.builder.LocalBuilder(timeout_sec=BUILDER_TIMEOUT_S), seed=seed)
+    secs = [float(np.mean(r.run_secs)) for r in db.get_all_tuning_records()]
+    ok = [s for s in secs if s < 1e9]
+    print(json.dumps({"measured": len(secs), "ok": len(ok), "best_latency_s": min(ok) if ok else None}))
+
+
+def run_tunecore(op: str, trials: int, seed: int, work: str) -> dict:
+    store = os.path.join(work, f"tunecore-{op}-{trials}-{seed}.db")
+    for suffix in ("", "-wal", "-shm"):  # an interrupted run starts over, so that its wall time is whole
+        if os.path.exists(store + suffix):
+            os.remove(store + suffix)
+    wall, out = run_timed([sys.executable, "-m", "tunecore.cli", "run", "--model", f"op:{op}", "--trials", str(trials),
+                        "--search", "ansor", "--cost-model", "xgb", "--store", f"sqlite:{store}", "--seed", str(seed),
+                        "--json"])
+    summary = json.loads(out)
+    return {"wall_s": wall, "measured": summary["trials_measured"], "errors": summary["errors"],
+            "best_latency_s": summary["tasks"][0]["best_latency_s"], "store": store}
+
+
+def run_metaschedule(op: str, trials: int, seed: int, work: str) -> dict:
+    work_dir = os.path.join(work, f"metaschedule-{op}-{trials}-{seed}")
+    shutil.rmtree(work_dir, ignore_errors=True)
+    wall, out = run_timed([sys.executable, __file__, "--_metaschedule", f"op:{op}", str(trials), str(seed), work_dir])
+    return {"wall_s": wall, **last_json_line(out), "work_dir": work_dir}
+
+
+def best_programs(run: dict, task, k: int = TOP_K) -> list:
+    """The k best measured programs of a run, as candidates of tunecore's task."""
+    from tunecore.interfaces import Candidate
+    from tunecore.space import trace_to_json
+    from tunecore.store.sqlite import SqliteStore
+
+    if "store" in run:
+        store = SqliteStore(run["store"])
+        (stored,) = store.get_tasks()
+        return [r.candidate(task) for r in store.best(stored.task_id, k=k)]
+    from tvm.s_tir import meta_schedule as ms
+
+    db = ms.database.JSONDatabase(work_dir=run["work_dir"])
+    records = sorted((r for r in db.get_all_tuning_records() if r.run_secs and float(np.mean(r.run_secs)) < 1e9),
+                     key=lambda r: float(np.mean(r.run_secs)))
+    return [Candidate(task, trace_json=trace_to_json(r.trace), origin="metaschedule") for r in records[:k]]
+
+
+def remeasure(task, runs: dict[str, list]) -> dict[str, float]:
+    """Best latency of each run's programs, measured together: min over programs of the median over passes."""
+    from tunecore.measure.local import LocalMeasurer
+
+    measurer = LocalMeasurer(task.target, screen=0, repeat=5, min_repeat_ms=50)
+    names = list(runs)
+    timings: dict[str, list[list[float]]] = {name: [] for name in names}
+    try:
+        for p in range(PASSES):
+            for name in names if p % 2 == 0 else names[::-1]:
+                results = measurer.measure(task, runs[name])
+                timings[name].append([r.latency if r.latency is not None else np.inf for r in results])
+    finally:
+        measurer.close()
+    return {name: float(np.min(np.median(np.array(t), axis=0))) for name, t in timings.items()}
+
+
+def numpy_matmul_seconds(n: int) -> float:
+    a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+    b = np.random.default_rng(1).standard_normal((n, n), dtype=np.float32)
+    for _ in range(5):
+        a @ b
+    times = []
+    for _ in range(50):
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ops", default=",".join(OPS))
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--trials", type=int, default=256)
+    parser.add_argument("--big-trials", type=int, default=1000, help="trials for matmul-1024 (0: skip)")
+    parser.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "tunecore-bench-ansor-vs-metaschedule"))
+    parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    args = parser.parse_args()
+
+    from tunecore.targets import resolve_target, use_target_threads
+    from tunecore.testing import tiny_task
+
+    target = resolve_target("llvm")
+    threads = use_target_threads(target)  # children inherit it: both tuners run kernels on every core
+    os.makedirs(args.work, exist_ok=True)
+    done_path = os.path.join(args.work, "runs.json")
+    done = json.load(open(done_path)) if os.path.exists(done_path) else {}
+
+    def run_once(key: str, run) -> dict:
+        if key not in done:
+            print(f"running {key} ...", file=sys.stderr, flush=True)
+            done[key] = run()
+            with open(done_path, "w") as f:
+                json.dump(done, f, indent=2)
+        r = done[key]
+        print(f"  {key}: {r['wall_s']:.0f} s, best {r['best_latency_s'] * 1e3:.3f} ms during the run", file=sys.stderr)
+        return r
+
+    ops = {}
+    for op in args.ops.split(","):
+        runs = {}
+        for seed in range(args.seeds):
+            runs[f"tunecore/{seed}"] = run_once(f"tunecore {op} {args.trials} {seed}",
+                                                lambda: run_tunecore(op, args.trials, seed, args.work))
+            runs[f"metaschedule/{seed}"] = run_once(f"metaschedule {op} {args.trials} {seed}",
+                                                    lambda: run_metaschedule(op, args.trials, seed, args.work))
+        task = tiny_task(op, target)
+        best = remeasure(task, {name: best_programs(run, task) for name, run in runs.items()})
+        per_seed = [{"seed": s,
+                     "tunecore_best_s": best[f"tunecore/{s}"], "metaschedule_best_s": best[f"metaschedule/{s}"],
+                     "tunecore_wall_s": runs[f"tunecore/{s}"]["wall_s"], "metaschedule_wall_s": runs[f"metaschedule/{s}"]["wall_s"],
+                     "tunecore_errors": runs[f"tunecore/{s}"]["errors"]} for s in range(args.seeds)]
+        ops[op] = {
+            "gflop": task.flops / 1e9,
+            "seeds": per_seed,
+            "best_latency_ratio": float(np.median([s["tunecore_best_s"] / s["metaschedule_best_s"] for s in per_seed])),
+            "wall_time_ratio": float(np.median([s["tunecore_wall_s"] / s["metaschedule_wall_s"] for s in per_seed])),
+        }
+        print(f"{op}: latency ratio {ops[op]['best_latency_ratio']:.3f}, wall ratio {ops[op]['wall_time_ratio']:.3f}",
+              file=sys.stderr, flush=True)
+
+    big = None
+    if args.big_trials:
+        run = run_once(f"tunecore matmul-1024 {args.big_trials} 0", lambda: run_tunecore("matmul-1024", args.big_trials, 0, args.work))
+        task = tiny_task("matmul-1024", target)
+        tvm_s = remeasure(task, {"tunecore": best_programs(run, task)})["tunecore"]
+        numpy_s = numpy_matmul_seconds(1024)
+        flop = 2 * 1024**3
+        big = {"trials": args.big_trials, "tunecore_wall_s": run["wall_s"], "tunecore_s": tvm_s, "numpy_s": numpy_s,
+               "tunecore_gflops": flop / tvm_s / 1e9, "numpy_gflops": flop / numpy_s / 1e9, "ratio": numpy_s / tvm_s,
+               "numpy_blas": _blas_name()}
+
+    report = {"benchmark": "ansor_vs_metaschedule", "trials": args.trials, "seeds": args.seeds, "threads": threads,
+              "metaschedule_builder_timeout_s": BUILDER_TIMEOUT_S, "environment": environment(), "ops": ops,
+              "median_best_latency_ratio": float(np.median([o["best_latency_ratio"] for o in ops.values()])) if ops else None,
+              "median_wall_time_ratio": float(np.median([o["wall_time_ratio"] for o in ops.values()])) if ops else None,
+              "matmul_1024": big, "command": " ".join(["python", "bench/ansor_vs_metaschedule.py", *sys.argv[1:]])}
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "ansor_vs_metaschedule.json"), "w") as f:
+        json.dump(report, f, indent=2)
+    with open(os.path.join(args.out, "ansor_vs_metaschedule.md"), "w") as f:
+        f.write(markdown(report))
+    print(markdown(report))
+
+
+def _blas_name() -> str:
+    try:
+        config = np.show_config(mode="dicts")
+        return config["Build Dependencies"]["blas"]["name"]
+    except Exception:
+        return "unknown"
+
+
+def markdown(report: dict) -> str:
+    env = report["environment"]
+    lines = [
+        f"# tunecore `ansor`+`xgb` vs MetaSchedule tune_tir: {report['trials']} trials, {report['seeds']} seeds",
+        "",
+        f"CPU: {env['cpu']} ({env['cores']} cores, kernels on {report['threads']} threads), target "
+        f"`{json.dumps(env['target'])}`, TVM {env['versions']['apache-tvm']}. Command: `{report['command']}`.",
+        "",
+        "Latencies: the 3 best programs of each run re-measured together (median of 4 alternating passes); "
+        "ratios < 1 favour tunecore. Wall time: whole processes, start to exit.",
+        "",
+        "| operator | GFLOP | tunecore best ms (per seed) | MetaSchedule best ms (per seed) | latency ratio (median) "
+        "| tunecore wall s | MetaSchedule wall s | wall ratio (median) |",
+        "|---|---:|---|---|---:|---|---|---:|",
+    ]
+    for op, o in report["ops"].items():
+        def each(field: str, scale: float = 1.0, digits: int = 3) -> str:
+            return " / ".join(f"{s[field] * scale:.{digits}f}" for s in o["seeds"])
+
+        lines.append(f"| {op} | {o['gflop']:.3f} | {each('tunecore_best_s', 1e3)} | {each('metaschedule_best_s', 1e3)} "
+                     f"| {o['best_latency_ratio']:.3f} | {each('tunecore_wall_s', digits=0)} "
+                     f"| {each('metaschedule_wall_s', digits=0)} | {o['wall_time_ratio']:.3f} |")
+    if report["ops"]:
+        lines += ["", f"Median over operators: latency ratio **{report['median_best_latency_ratio']:.3f}**, "
+                      f"wall-time ratio **{report['median_wall_time_ratio']:.3f}**."]
+    big = report["matmul_1024"]
+    if big:
+        lines += ["", f"## matmul-1024 fp32 after {big['trials']} trials", "",
+                  "| | ms | GFLOPS |", "|---|---:|---:|",
+                  f"| tunecore ansor+xgb ({big['tunecore_wall_s']:.0f} s of tuning) | {big['tunecore_s'] * 1e3:.3f} | {big['tunecore_gflops']:.1f} |",
+                  f"| numpy ({big['numpy_blas']}) | {big['numpy_s'] * 1e3:.3f} | {big['numpy_gflops']:.1f} |",
+                  "", f"tunecore reaches **{100 * big['ratio']:.0f}%** of numpy's GFLOPS."]
+    lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--_metaschedule":
+        model, trials, seed, work_dir = sys.argv[2:6]
+        _metaschedule_worker(model, int(trials), int(seed), work_dir)
+    else:
+        main()

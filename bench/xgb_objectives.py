@@ -1,0 +1,152 @@
+"""Which objective should the `xgb` cost model use? Pack-sum (Ansor) vs pairwise ranking, on real records.
+
+Reads a tunecore store with measured records of several tasks (e.g. filled by `tunecore run --search
+random` on a few operators), then for each objective:
+
+- within-task: train on a random half of every task's records, rank the other half;
+- cross-task: train on every task but one, rank the left-out task (the model has never seen it).
+
+Quality is Ansor's "peak score" of the ranking: best latency among the model's top-k divided into the
+best latency of the held-out set (1.0 = the model's top-k contains the best program), plus Spearman's
+rank correlation. Also times `predict` on 2,048 fresh candidates (features extracted) and on the same
+candidates again (features cached).
+
+    python bench/xgb_objectives.py --store data.db [--out bench/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOP_K = (1, 8, 32)
+
+
+def peak_score(latencies: np.ndarray, scores: np.ndarray, k: int) -> float:
+    ok = np.isfinite(latencies)
+    top = np.argsort(-scores)[:k]
+    chosen = latencies[top][np.isfinite(latencies[top])]
+    return float(latencies[ok].min() / chosen.min()) if len(chosen) else 0.0
+
+
+def spearman(latencies: np.ndarray, scores: np.ndarray) -> float:
+    from scipy.stats import spearmanr
+
+    ok = np.isfinite(latencies)
+    return float(spearmanr(-latencies[ok], scores[ok]).statistic) if ok.sum() > 2 else float("nan")
+
+
+def evaluate(model_factory, train: list, test: list) -> dict:
+    model = model_factory()
+    by_task: dict = {}
+    for task, candidate, result in train:
+        by_task.setdefault(task.task_id, (task, [], []))
+        by_task[task.task_id][1].append(candidate)
+        by_task[task.task_id][2].append(result)
+    started = time.perf_counter()
+    for task, candidates, results in by_task.values():
+        model.update(task, candidates, results)
+    train_s = time.perf_counter() - started
+    tests: dict = {}
+    for task, candidate, result in test:
+        tests.setdefault(task.task_id, (task, [], []))
+        tests[task.task_id][1].append(candidate)
+        tests[task.task_id][2].append(result.latency if result.latency is not None else np.inf)
+    out = {f"peak@{k}": [] for k in TOP_K}
+    out["spearman"] = []
+    for task, candidates, latencies in tests.values():
+        scores = np.asarray(model.predict(task, candidates))
+        lat = np.asarray(latencies)
+        for k in TOP_K:
+            out[f"peak@{k}"].append(peak_score(lat, scores, k))
+        out["spearman"].append(spearman(lat, scores))
+    return {**{k: float(np.nanmean(v)) for k, v in out.items()}, "train_s": train_s}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--store", required=True)
+    parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    from tunecore.store.sqlite import SqliteStore
+    from tunecore_ansor_search.xgb import XGBModel
+
+    store = SqliteStore(args.store)
+    data = []
+    tasks = store.get_tasks()
+    for task in tasks:
+        for record in store.records(task.task_id):
+            data.append((task, record.candidate(task), record.result()))
+    print(f"{len(data)} records of {len(tasks)} tasks", file=sys.stderr)
+    rng = np.random.default_rng(args.seed)
+    report: dict = {"store": os.path.basename(args.store), "records": len(data),
+                    "tasks": {t.name: len(store.records(t.task_id)) for t in tasks}, "objectives": {}}
+    for objective in ("pack-sum", "rank"):
+        def factory(objective=objective):
+            return XGBModel(objective=objective, seed=args.seed)
+
+        halves = rng.random(len(data)) < 0.5
+        within = evaluate(factory, [d for d, h in zip(data, halves) if h], [d for d, h in zip(data, halves) if not h])
+        cross = {}
+        for left_out in tasks:
+            result = evaluate(factory, [d for d in data if d[0].task_id != left_out.task_id],
+                              [d for d in data if d[0].task_id == left_out.task_id])
+            cross[left_out.name] = result
+        cross_mean = {k: float(np.mean([r[k] for r in cross.values()])) for k in next(iter(cross.values()))}
+        report["objectives"][objective] = {"within_task": within, "cross_task_mean": cross_mean, "cross_task": cross}
+        print(objective, json.dumps({"within": within, "cross": cross_mean}), file=sys.stderr)
+
+    # speed: 2,048 fresh candidates of the first task, then the same again (features cached)
+    from tunecore.space import DesignSpace
+    from tunecore.interfaces import Candidate
+
+    task = tasks[0]
+    model = XGBModel(seed=args.seed)
+    model.update(task, [d[1] for d in data if d[0] is task], [d[2] for d in data if d[0] is task])
+    space = DesignSpace(task, seed=args.seed)
+    fresh = []
+    while len(fresh) < 2048:
+        sch = space.sample()
+        if sch is not None:
+            fresh.append(Candidate.from_schedule(task, sch))
+    started = time.perf_counter()
+    model.predict(task, fresh)
+    cold = time.perf_counter() - started
+    started = time.perf_counter()
+    model.predict(task, fresh)
+    cached = time.perf_counter() - started
+    report["predict_2048"] = {"task": task.name, "cold_s": cold, "cached_s": cached}
+    print(f"predict 2048 {task.name}: cold {cold:.2f} s, cached {cached:.3f} s", file=sys.stderr)
+
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "xgb_objectives.json"), "w") as f:
+        json.dump(report, f, indent=2)
+    with open(os.path.join(args.out, "xgb_objectives.md"), "w") as f:
+        f.write(markdown(report))
+    print(markdown(report))
+
+
+def markdown(report: dict) -> str:
+    lines = [f"# xgb cost model: pack-sum vs rank ({report['records']} records: "
+             + ", ".join(f"{k} {v}" for k, v in report["tasks"].items()) + ")", "",
+             "| objective | split | peak@1 | peak@8 | peak@32 | Spearman | train s |", "|---|---|---:|---:|---:|---:|---:|"]
+    for objective, r in report["objectives"].items():
+        for split, m in (("within task", r["within_task"]), ("unseen task (mean)", r["cross_task_mean"])):
+            lines.append(f"| {objective} | {split} | {m['peak@1']:.3f} | {m['peak@8']:.3f} | {m['peak@32']:.3f} | "
+                         f"{m['spearman']:.3f} | {m['train_s']:.2f} |")
+    p = report["predict_2048"]
+    lines += ["", f"predict on 2,048 new candidates of {p['task']}: {p['cold_s']:.2f} s with feature extraction, "
+              f"{p['cached_s']:.3f} s with features cached.", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

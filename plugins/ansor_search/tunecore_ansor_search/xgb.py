@@ -1,0 +1,193 @@
+"""The `xgb` cost model: XGBoost over MetaSchedule's per-store features (Ansor's cost model).
+
+A candidate is described by one 164-number row per buffer store of its lowered program. Its
+label is its normalized throughput within its task (best latency of the task / its latency, so
+1.0 is the best seen and failures are 0). Two objectives:
+
+- ``pack-sum`` (Ansor): the model scores each store; a candidate's score is the sum over its stores,
+  trained with a custom squared-error objective on those sums, weighted towards fast candidates.
+- ``rank``: one row per candidate (sum and max of its store rows), XGBoost's pairwise ranking
+  objective within each task.
+
+One model serves every task of a run (features are program-level, labels are per-task), features
+are cached per program, and the model is retrained on all data after every round. Saved as JSON
+(XGBoost's JSON model plus metadata), never pickled.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+from typing import Any, Sequence
+
+import numpy as np
+
+from tunecore.interfaces import Candidate, CostModel, MeasureResult, Task
+
+N_FEATURES = 164
+_FORMAT = "tunecore-xgb"
+
+
+class XGBModel(CostModel):
+    name = "xgb"
+
+    def __init__(self, *, objective: str = "pack-sum", rounds: int = 100, max_depth: int = 8, eta: float = 0.2,
+                 min_data: int = 64, cache_size: int = 50_000, threads: int | None = None, **kwargs: Any):
+        super().__init__(**kwargs)
+        if objective not in ("pack-sum", "rank"):
+            raise TypeError(f"objective must be 'pack-sum' or 'rank', not {objective!r}")
+        from tunecore.targets import physical_cores
+
+        self.objective = objective
+        self.rounds, self.min_data = rounds, min_data
+        self.threads = threads or physical_cores()
+        self.params = {"max_depth": max_depth, "eta": eta, "min_child_weight": 0, "gamma": 1e-3, "nthread": self.threads,
+                       "seed": self.seed, "verbosity": 0}
+        self.booster: Any = None
+        self.cache: collections.OrderedDict[str, np.ndarray | None] = collections.OrderedDict()
+        self.cache_size = cache_size
+        self.contexts: dict[str, Any] = {}
+        # training data: per candidate its feature rows, task id and latency (None = failed)
+        self.data: dict[tuple[str, str], tuple[np.ndarray, float | None]] = {}
+        self.rng = np.random.default_rng(self.seed)
+
+    # features
+
+    def features(self, task: Task, candidates: Sequence[Candidate]) -> list[np.ndarray | None]:
+        """Per-store feature rows of each candidate (None where TVM cannot extract them)."""
+        missing = {}
+        for c in candidates:
+            if c.key not in self.cache and c.key not in missing:
+                missing[c.key] = c
+        if missing:
+            for key, rows in zip(missing, self._extract(task, list(missing.values()))):
+                self.cache[key] = rows
+            while len(self.cache) > self.cache_size:
+                self.cache.popitem(last=False)
+        return [self.cache.get(c.key) for c in candidates]
+
+    def _extract(self, task: Task, candidates: list[Candidate]) -> list[np.ndarray | None]:
+        from tvm.s_tir import meta_schedule as ms
+
+        context = self._context(task)
+        args = [ms.arg_info.ArgInfo.from_json(a) for a in task.args]
+        extractor = ms.feature_extractor.PerStoreFeature(extract_workload=False)
+
+        def extract(batch: list[Candidate]) -> list[np.ndarray]:
+            measure = [ms.MeasureCandidate(c.sch, args) for c in batch]
+            return [f.numpy().astype(np.float32) for f in extractor.extract_from(context, measure)]
+
+        try:
+            return list(extract(candidates))
+        except Exception:  # one bad program fails the batch: find it, keep the rest
+            out: list[np.ndarray | None] = []
+            for c in candidates:
+                try:
+                    out.append(extract([c])[0])
+                except Exception:
+                    out.append(None)
+            return out
+
+    def _context(self, task: Task) -> Any:
+        context = self.contexts.get(task.task_id)
+        if context is None:
+            from tvm.s_tir import meta_schedule as ms
+
+            from tunecore.space import load_tensor_intrinsics
+
+            load_tensor_intrinsics(task.target)
+            context = ms.TuneContext(mod=task.mod, target=task.target, num_threads=self.threads)
+            self.contexts[task.task_id] = context
+        return context
+
+    # learning
+
+    def update(self, task: Task, candidates: Sequence[Candidate], results: Sequence[MeasureResult]) -> None:
+        for c, rows, r in zip(candidates, self.features(task, candidates), results):
+            if rows is not None and len(rows):
+                self.data[(task.task_id, c.key)] = (rows, r.latency)
+        if len(self.data) >= self.min_data:
+            self.booster = self._train()
+
+    def _labels(self) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+        best: dict[str, float] = {}
+        for (task_id, _), (_, latency) in self.data.items():
+            if latency is not None:
+                best[task_id] = min(best.get(task_id, latency), latency)
+        rows, labels, groups = [], [], []
+        task_index = {t: i for i, t in enumerate(sorted({k[0] for k in self.data}))}
+        for (task_id, _), (features, latency) in self.data.items():
+            rows.append(features)
+            labels.append(best[task_id] / latency if latency is not None else 0.0)
+            groups.append(task_index[task_id])
+        return rows, np.asarray(labels), np.asarray(groups)
+
+    def _train(self) -> Any:
+        import xgboost as xgb
+
+        rows, labels, groups = self._labels()
+        if self.objective == "rank":
+            order = np.argsort(groups, kind="stable")
+            x = np.stack([_summary(rows[i]) for i in order])
+            dtrain = xgb.DMatrix(x, label=labels[order], qid=groups[order])
+            return xgb.train({**self.params, "objective": "rank:pairwise"}, dtrain, num_boost_round=self.rounds)
+        x = np.concatenate(rows)
+        pack = np.repeat(np.arange(len(rows)), [len(r) for r in rows])
+        # Ansor weights the fit towards fast candidates, which are the ones the search must rank right
+        weights = np.maximum(labels, 0.05)
+        dtrain = xgb.DMatrix(x)
+
+        def pack_sum_squared_error(predictions: np.ndarray, _: Any) -> tuple[np.ndarray, np.ndarray]:
+            sums = np.bincount(pack, weights=predictions, minlength=len(rows))
+            residual = (sums - labels) * weights
+            return 2 * residual[pack], 2 * weights[pack]
+
+        return xgb.train({**self.params, "base_score": 0.0}, dtrain, num_boost_round=self.rounds,
+                         obj=pack_sum_squared_error)
+
+    def predict(self, task: Task, candidates: Sequence[Candidate]) -> np.ndarray:
+        if not candidates:
+            return np.zeros(0)
+        if self.booster is None:  # nothing learned yet: a random order, like MetaSchedule's untrained model
+            return self.rng.uniform(size=len(candidates))
+        import xgboost as xgb
+
+        rows = self.features(task, candidates)
+        valid = [i for i, r in enumerate(rows) if r is not None and len(r)]
+        scores = np.full(len(candidates), -1e9)  # a program without features goes last
+        if not valid:
+            return scores
+        if self.objective == "rank":
+            x = np.stack([_summary(rows[i]) for i in valid])
+            scores[valid] = self.booster.predict(xgb.DMatrix(x))
+        else:
+            x = np.concatenate([rows[i] for i in valid])
+            pack = np.repeat(np.arange(len(valid)), [len(rows[i]) for i in valid])
+            scores[valid] = np.bincount(pack, weights=self.booster.predict(xgb.DMatrix(x)), minlength=len(valid))
+        return scores
+
+    # persistence
+
+    def save(self, path: str) -> None:
+        booster = None if self.booster is None else json.loads(bytes(self.booster.save_raw("json")).decode())
+        with open(path, "w") as f:
+            json.dump({"format": _FORMAT, "version": 1, "objective": self.objective, "params": self.params,
+                       "booster": booster}, f)
+
+    def load(self, path: str) -> None:
+        import xgboost as xgb
+
+        with open(path) as f:
+            saved = json.load(f)
+        if saved.get("format") != _FORMAT:
+            raise ValueError(f"{path}: not a tunecore xgb model")
+        self.objective = saved["objective"]
+        self.booster = None
+        if saved["booster"] is not None:
+            self.booster = xgb.Booster()
+            self.booster.load_model(bytearray(json.dumps(saved["booster"]).encode()))
+
+
+def _summary(rows: np.ndarray) -> np.ndarray:
+    """One fixed-length row per candidate for the ranking objective: sum and max over its stores."""
+    return np.concatenate([rows.sum(axis=0), rows.max(axis=0)])

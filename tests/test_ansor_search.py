@@ -1,0 +1,187 @@
+"""The ansor_search plugin: search policy `ansor` and cost model `xgb`."""
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tunecore_ansor_search")
+
+from tunecore.interfaces import Candidate, CostModel, MeasureResult, TaskContext  # noqa: E402
+from tunecore.registry import Registry  # noqa: E402
+from tunecore.space import DesignSpace  # noqa: E402
+from tunecore.store.sqlite import MemoryStore  # noqa: E402
+from tunecore.testing import InstantMeasurer  # noqa: E402
+from tunecore.tuner import Tuner  # noqa: E402
+
+
+class ThirdPartyModel(CostModel):
+    """A cost model from outside the plugin: prefers programs with short traces."""
+
+    name = "short-traces"
+
+    def predict(self, task, candidates):
+        return np.array([-len(c.trace_json) for c in candidates], dtype=float)
+
+    def update(self, task, candidates, results):
+        pass
+
+
+def _ansor(cost_model_name="none", seed=0, **options):
+    registry = Registry()
+    if cost_model_name == ThirdPartyModel.name:
+        cost_model = ThirdPartyModel(seed=seed)
+    else:
+        cost_model = registry.get("cost_model", cost_model_name)(seed=seed, **({"min_data": 4} if cost_model_name == "xgb" else {}))
+    policy = registry.get("search", "ansor")(cost_model=cost_model, store=MemoryStore(), seed=seed, **options)
+    return policy, cost_model
+
+
+def _sample(task, n, seed=1):
+    space = DesignSpace(task, seed=seed)
+    out = {}
+    while len(out) < n:
+        sch = space.sample()
+        if sch is not None:
+            c = Candidate.from_schedule(task, sch, origin="test")
+            out.setdefault(c.key, c)
+    return list(out.values())
+
+
+def innermost_j(candidate):
+    """The innermost tile of the matmul's j loop (the vectorized one)."""
+    tiles = [candidate.trace.decisions[inst] for inst in candidate.trace.insts if inst.kind.name == "SamplePerfectTile"]
+    return int(tiles[1][-1])  # tiles of i, j, k in that order
+
+
+def _rank_correlation(a, b):
+    return float(np.corrcoef(np.argsort(np.argsort(a)), np.argsort(np.argsort(b)))[0, 1])
+
+
+def test_both_components_come_from_the_plugin_distribution():
+    registry = Registry()
+    assert "ansor" in registry.names("search") and "xgb" in registry.names("cost_model")
+    assert registry.get("search", "ansor").__module__.startswith("tunecore_ansor_search")
+
+
+@pytest.mark.parametrize("cost_model_name", ["none", "xgb", ThirdPartyModel.name])
+def test_ansor_tunes_with_any_cost_model(matmul_task, cost_model_name):
+    policy, cost_model = _ansor(cost_model_name, population=32, iterations=2)
+    store = MemoryStore()
+    summary = Tuner(search=policy, cost_model=cost_model, store=store, measurer=InstantMeasurer(matmul_task.target),
+                    seed=0, round_size=8).tune([matmul_task], 32)
+    records = store.records(matmul_task.task_id)
+    assert summary["trials_measured"] == 32 and len({r.key for r in records}) == 32
+    origins = {r.origin.split(":")[0] for r in records}
+    assert origins == {"ansor"}
+
+
+def test_evolution_uses_the_cost_model_ranking(matmul_task):
+    """With a cost model that prefers one tile size, proposals concentrate on it far beyond chance."""
+    class PrefersWideInnerTiles(CostModel):
+        name = "prefers-wide"
+
+        def predict(self, task, candidates):
+            return np.array([float(innermost_j(c)) for c in candidates])
+
+        def update(self, task, candidates, results):
+            pass
+
+    registry = Registry()
+    cost_model = PrefersWideInnerTiles(seed=0)
+    guided = registry.get("search", "ansor")(cost_model=cost_model, store=MemoryStore(), seed=0, population=64,
+                                             iterations=3, eps_greedy=0.0)
+    guided.start_task(TaskContext(matmul_task, DesignSpace(matmul_task, seed=0), 0, set(), []))
+    proposed = guided.propose(matmul_task, 16)
+    sampled = _sample(matmul_task, 64)
+    assert np.mean([innermost_j(c) for c in proposed]) > 1.5 * np.mean([innermost_j(c) for c in sampled])
+
+
+def test_proposals_spread_over_lineages():
+    """No more than the allowed share of a round descends from one initial program, unless nothing else is left."""
+    from tunecore_ansor_search.evolution import _diverse
+
+    class Program:
+        def __init__(self, key):
+            self.key = key
+
+    best_first = [Program(f"a{i}") for i in range(6)] + [Program("b0"), Program("c0"), Program("a6")]
+    lineage = {p.key: p.key[0] for p in best_first}
+    picks = _diverse(best_first, 4, 0.5, lineage)
+    assert [p.key for p in picks] == ["a0", "a1", "b0", "c0"]
+    assert [p.key for p in _diverse(best_first, 8, 0.25, lineage)] == ["a0", "a1", "b0", "c0", "a2", "a3", "a4", "a5"]
+
+
+def test_fixed_population_is_reproducible_and_adaptive_population_follows_measuring_time(matmul_task):
+    def proposals(seed):
+        policy, _ = _ansor(seed=seed, population=32, iterations=2)
+        policy.start_task(TaskContext(matmul_task, DesignSpace(matmul_task, seed=seed), seed, set(), []))
+        return [c.key for c in policy.propose(matmul_task, 8)]
+
+    assert proposals(3) == proposals(3)
+
+    policy, _ = _ansor(time_ratio=1.0, iterations=4, min_population=8, max_population=4096)
+    policy.start_task(TaskContext(matmul_task, DesignSpace(matmul_task, seed=0), 0, set(), []))
+    state = policy.tasks[matmul_task.task_id]
+    state.eval_s = 0.001
+    sizes = []
+    for measure_s in (0.1, 0.4):
+        state.measure_s = measure_s
+        size, budget = policy._effort(state, 32)
+        sizes.append(size)
+        assert budget == pytest.approx(32 * measure_s)
+        assert size * 5 * state.eval_s <= budget  # (iterations + 1) evaluations per member fit in the budget
+    assert sizes[1] == pytest.approx(4 * sizes[0], rel=0.01)
+
+
+def test_cuda_code_path_without_a_gpu():
+    """Sketches, evolution and features for a GPU target (no GPU here: nothing is built or run)."""
+    from tunecore.targets import resolve_target
+    from tunecore.testing import tiny_task
+
+    task = tiny_task("matmul-128", target=resolve_target("cuda"))
+    policy, cost_model = _ansor("xgb", population=24, iterations=2)
+    store = MemoryStore()
+    Tuner(search=policy, cost_model=cost_model, store=store, measurer=InstantMeasurer(task.target), seed=0,
+          round_size=8).tune([task], 16)
+    records = store.records(task.task_id)
+    assert len(records) == 16
+    script = records[0].candidate(task).mod.script()
+    assert "threadIdx.x" in script and "blockIdx" in script
+    assert cost_model.booster is not None  # trained on GPU programs' features
+    rows = cost_model.features(task, [records[0].candidate(task)])[0]
+    assert rows.shape[1] == 164
+
+
+def test_xgb_saves_json_without_pickle_and_predicts_the_same_after_loading(matmul_task, tmp_path):
+    candidates = _sample(matmul_task, 24)
+    results = [MeasureResult(run_secs=[1e-4 * (1 + i % 7)]) for i in range(len(candidates))]
+    results[3] = MeasureResult(error="run: crashed")
+    _, model = _ansor("xgb")
+    model.update(matmul_task, candidates, results)
+    path = tmp_path / "model.json"
+    model.save(str(path))
+    raw = path.read_bytes()
+    saved = json.loads(raw)
+    assert saved["format"] == "tunecore-xgb" and saved["booster"]["learner"]
+    assert b"numpy" not in raw and b"\x80" not in raw  # no pickle stream inside
+    _, fresh = _ansor("xgb", seed=5)
+    fresh.load(str(path))
+    np.testing.assert_allclose(fresh.predict(matmul_task, candidates), model.predict(matmul_task, candidates), rtol=1e-6)
+
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"format": "something-else"}))
+    with pytest.raises(ValueError, match="not a tunecore xgb model"):
+        fresh.load(str(other))
+
+
+def test_xgb_learns_the_order_of_a_task(matmul_task):
+    """Trained on half the programs of a task, it ranks the other half far better than chance."""
+    candidates = _sample(matmul_task, 96, seed=2)
+    # a learnable latency: wider vectorized inner tiles are faster (plus a little noise)
+    rng = np.random.default_rng(0)
+    latency = np.array([1e-4 / innermost_j(c) * rng.uniform(0.9, 1.1) for c in candidates])
+    _, model = _ansor("xgb", seed=1)
+    model.update(matmul_task, candidates[:48], [MeasureResult(run_secs=[s]) for s in latency[:48]])
+    scores = model.predict(matmul_task, candidates[48:])
+    assert _rank_correlation(scores, -latency[48:]) > 0.6
