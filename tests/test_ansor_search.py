@@ -185,3 +185,58 @@ def test_xgb_learns_the_order_of_a_task(matmul_task):
     model.update(matmul_task, candidates[:48], [MeasureResult(run_secs=[s]) for s in latency[:48]])
     scores = model.predict(matmul_task, candidates[48:])
     assert _rank_correlation(scores, -latency[48:]) > 0.6
+
+
+def _best_programs_remeasured(task, stores, k):
+    """The k best programs of each store, re-measured together in alternating order (the machine's speed drifts)."""
+    from tunecore.measure.local import LocalMeasurer
+
+    programs = {name: [r.candidate(task) for r in store.best(task.task_id, k=k)] for name, store in stores.items()}
+    measurer = LocalMeasurer(task.target, screen=0, repeat=5, min_repeat_ms=50)
+    timings = {name: [] for name in stores}
+    try:
+        for order in (list(stores), list(stores)[::-1], list(stores), list(stores)[::-1]):
+            for name in order:
+                timings[name].append([r.latency for r in measurer.measure(task, programs[name])])
+    finally:
+        measurer.close()
+    return {name: np.sort(np.median(np.array(t), axis=0)) for name, t in timings.items()}
+
+
+def test_ansor_with_xgb_beats_random_search_at_the_same_budget():
+    """A transposed conv2d of Ansor's operator set, 96 trials, seed 0: ansor+xgb's programs are clearly faster.
+
+    Kernels run on one core: on a small shared VM, timings of kernels that use every core swing by
+    25% and more within seconds (one busy core stalls the whole kernel), which drowns the difference
+    in noise; single-threaded timings stay within a few %. The transposed convolution is chosen
+    because most of its space is slow, while random search gets close to peak on a plain matmul
+    within ~100 trials. (Three seeds of this setup, population 256: ansor's best 0.47-0.61x random's.)"""
+    from tunecore.measure.local import LocalMeasurer
+    from tunecore.testing import tiny_task
+
+    import tvm
+
+    from tunecore.targets import host_target
+
+    one_core = tvm.target.Target({**host_target().export(), "num-cores": 1})
+    task = tiny_task("t2d-0", one_core)
+    registry = Registry()
+    stores = {}
+    for search, cost_model, search_options, model_options in (
+        ("random", "none", {}, {}),
+        ("ansor", "xgb", {"population": 128, "iterations": 3}, {"min_data": 32}),
+    ):
+        model = registry.get("cost_model", cost_model)(seed=0, **model_options)
+        stores[search] = MemoryStore()
+        policy = registry.get("search", search)(cost_model=model, store=stores[search], seed=0, **search_options)
+        measurer = LocalMeasurer(task.target)
+        try:
+            Tuner(search=policy, cost_model=model, store=stores[search], measurer=measurer, seed=0,
+                  round_size=16).tune([task], 96)
+        finally:
+            measurer.close()
+            policy.close()
+    best = _best_programs_remeasured(task, stores, k=4)
+    print({name: np.round(v * 1e3, 3).tolist() for name, v in best.items()})
+    assert best["ansor"][0] < 0.8 * best["random"][0]
+    assert best["ansor"].mean() < 0.8 * best["random"].mean()

@@ -32,6 +32,14 @@ def test_budget_counts_what_the_store_holds(matmul_task, target):
     assert [r.trial for r in store.records(matmul_task.task_id)] == list(range(30))
 
 
+def test_summary_splits_the_time_by_phase(matmul_task, target):
+    summary = _tuner(MemoryStore(), target).tune([matmul_task], 12)
+    phases = summary["phase_s"]
+    assert set(phases) == {"search", "measure", "store", "learn"}
+    assert all(v >= 0 for v in phases.values()) and phases["search"] > 0
+    assert sum(phases.values()) <= summary["elapsed_s"] + 1e-3
+
+
 def test_same_seed_same_candidates(matmul_task, target):
     runs = []
     for _ in range(2):

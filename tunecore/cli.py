@@ -183,6 +183,8 @@ def _print_summary(summary: dict[str, Any]) -> None:
         f"store holds {summary['trials_total']} for these tasks. "
         + (f"Estimated latency (sum of weight x best): {estimate:.4g} ms." if estimate is not None else "")
     )
+    if summary.get("phase_s"):
+        console.print("time by phase: " + ", ".join(f"{k} {v:.1f} s" for k, v in summary["phase_s"].items()))
 
 
 # tasks

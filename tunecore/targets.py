@@ -56,7 +56,10 @@ def use_target_threads(target: Any) -> int:
     Call before the first kernel runs: the pool reads the variable once. A user's setting wins.
     """
     cores = int(target.attrs.get("num-cores", 0)) if target.kind.name == "llvm" else 0
-    os.environ.setdefault("TVM_NUM_THREADS", str(cores or physical_cores()))
+    # a value tunecore set earlier (here or in a parent process) is not the user's
+    if "TVM_NUM_THREADS" not in os.environ or os.environ.get("TUNECORE_SET_TVM_NUM_THREADS"):
+        os.environ["TVM_NUM_THREADS"] = str(cores or physical_cores())
+        os.environ["TUNECORE_SET_TVM_NUM_THREADS"] = "1"
     return int(os.environ["TVM_NUM_THREADS"])
 
 

@@ -27,6 +27,7 @@ from tunecore.interfaces import (
     distinct,
 )
 
+PHASES = ("search", "measure", "store", "learn")
 UNMEASURED = 1e10  # seconds; the latency a task without any successful record counts as
 _GIVE_UP_AFTER_FAILED_ROUNDS = 3
 
@@ -191,6 +192,7 @@ class Tuner:
         self._warm_start(states)
         scheduler = SCHEDULERS[self.scheduler_name](states, seed=derive_seed(self.seed, "scheduler"))
         measured = errors = 0
+        self.phase_seconds = dict.fromkeys(PHASES, 0.0)
         status = "failed"
         try:
             while measured < budget:
@@ -209,7 +211,8 @@ class Tuner:
             status = "interrupted"
             raise
         finally:
-            summary = summarize(states, run, measured=measured, errors=errors, elapsed=time.time() - started, status=status)
+            summary = summarize(states, run, measured=measured, errors=errors, elapsed=time.time() - started, status=status,
+                                phase_seconds=self.phase_seconds)
             self.store.finish_run(run_id, summary)
             self.hooks.tunecore_on_run_end(run=run, summary=summary)
         return summary
@@ -241,12 +244,15 @@ class Tuner:
             space = DesignSpace(task, seed=seed)
             self.search.start_task(TaskContext(task, space, seed, set(state.measured), state.history))
             state.started, state.history = True, []
+        clock = time.perf_counter()
         candidates = distinct(self.search.propose(task, n), state.measured)[:n]
+        clock = self._spent("search", clock)
         if not candidates:
             state.done_reason = "no new candidates (design space exhausted)"
             return []
         results = self.measurer.measure(task, candidates)
         self.hooks.tunecore_on_measured(task=task, candidates=candidates, results=results)
+        clock = self._spent("measure", clock)
         now = time.time()
         records = [
             Record.from_result(c, r, trial=trial_base + i, measured_at=now, run_id=run_id)
@@ -254,10 +260,17 @@ class Tuner:
         ]
         self.store.commit(records)  # durable before anything else learns from them
         state.add_round(records)
+        clock = self._spent("store", clock)
         self.cost_model.update(task, candidates, results)
         self.search.observe(task, candidates, results)
         self.hooks.tunecore_on_results(task=task, records=records)
+        self._spent("learn", clock)
         return records
+
+    def _spent(self, phase: str, since: float) -> float:
+        now = time.perf_counter()
+        self.phase_seconds[phase] += now - since
+        return now
 
 
 def estimated_latency(states: Sequence[TaskState]) -> float | None:
@@ -267,7 +280,7 @@ def estimated_latency(states: Sequence[TaskState]) -> float | None:
 
 
 def summarize(states: Sequence[TaskState], run: dict[str, Any], *, measured: int, errors: int, elapsed: float,
-              status: str) -> dict[str, Any]:
+              status: str, phase_seconds: dict[str, float] | None = None) -> dict[str, Any]:
     total = estimated_latency(states)
     return {
         **{k: run.get(k) for k in ("run_id", "model", "target", "search", "cost_model", "measurer", "store", "seed")},
@@ -278,6 +291,9 @@ def summarize(states: Sequence[TaskState], run: dict[str, Any], *, measured: int
         "trials_total": sum(s.trials for s in states),
         "errors_total": sum(s.errors for s in states),
         "elapsed_s": round(elapsed, 3),
+        # where the time of the rounds went: proposing, measuring (+ profiling hooks), committing,
+        # and the cost model and search learning from the results
+        "phase_s": {k: round(v, 3) for k, v in (phase_seconds or {}).items()},
         "estimated_latency_ms": None if total is None else total * 1e3,
         "tasks": [
             {
