@@ -97,19 +97,9 @@ def best_programs(run: dict, task, k: int = TOP_K) -> list:
 
 def remeasure(task, runs: dict[str, list]) -> dict[str, float]:
     """Best latency of each run's programs, measured together: min over programs of the median over passes."""
-    from tunecore.measure.local import LocalMeasurer
+    from tunecore.testing import remeasure_together
 
-    measurer = LocalMeasurer(task.target, screen=0, repeat=5, min_repeat_ms=50)
-    names = list(runs)
-    timings: dict[str, list[list[float]]] = {name: [] for name in names}
-    try:
-        for p in range(PASSES):
-            for name in names if p % 2 == 0 else names[::-1]:
-                results = measurer.measure(task, runs[name])
-                timings[name].append([r.latency if r.latency is not None else np.inf for r in results])
-    finally:
-        measurer.close()
-    return {name: float(np.min(np.median(np.array(t), axis=0))) for name, t in timings.items()}
+    return {name: latencies[0] for name, latencies in remeasure_together(task, runs, passes=PASSES).items()}
 
 
 def numpy_matmul_seconds(n: int) -> float:

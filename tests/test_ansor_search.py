@@ -187,22 +187,6 @@ def test_xgb_learns_the_order_of_a_task(matmul_task):
     assert _rank_correlation(scores, -latency[48:]) > 0.6
 
 
-def _best_programs_remeasured(task, stores, k):
-    """The k best programs of each store, re-measured together in alternating order (the machine's speed drifts)."""
-    from tunecore.measure.local import LocalMeasurer
-
-    programs = {name: [r.candidate(task) for r in store.best(task.task_id, k=k)] for name, store in stores.items()}
-    measurer = LocalMeasurer(task.target, screen=0, repeat=5, min_repeat_ms=50)
-    timings = {name: [] for name in stores}
-    try:
-        for order in (list(stores), list(stores)[::-1], list(stores), list(stores)[::-1]):
-            for name in order:
-                timings[name].append([r.latency for r in measurer.measure(task, programs[name])])
-    finally:
-        measurer.close()
-    return {name: np.sort(np.median(np.array(t), axis=0)) for name, t in timings.items()}
-
-
 def test_ansor_with_xgb_beats_random_search_at_the_same_budget():
     """A transposed conv2d of Ansor's operator set, 96 trials, seed 0: ansor+xgb's programs are clearly faster.
 
@@ -211,12 +195,11 @@ def test_ansor_with_xgb_beats_random_search_at_the_same_budget():
     in noise; single-threaded timings stay within a few %. The transposed convolution is chosen
     because most of its space is slow, while random search gets close to peak on a plain matmul
     within ~100 trials. (Three seeds of this setup, population 256: ansor's best 0.47-0.61x random's.)"""
-    from tunecore.measure.local import LocalMeasurer
-    from tunecore.testing import tiny_task
-
     import tvm
 
+    from tunecore.measure.local import LocalMeasurer
     from tunecore.targets import host_target
+    from tunecore.testing import remeasure_together, tiny_task
 
     one_core = tvm.target.Target({**host_target().export(), "num-cores": 1})
     task = tiny_task("t2d-0", one_core)
@@ -236,7 +219,8 @@ def test_ansor_with_xgb_beats_random_search_at_the_same_budget():
         finally:
             measurer.close()
             policy.close()
-    best = _best_programs_remeasured(task, stores, k=4)
+    best = {name: np.array(v) for name, v in remeasure_together(
+        task, {name: [r.candidate(task) for r in store.best(task.task_id, k=4)] for name, store in stores.items()}).items()}
     print({name: np.round(v * 1e3, 3).tolist() for name, v in best.items()})
     assert best["ansor"][0] < 0.8 * best["random"][0]
     assert best["ansor"].mean() < 0.8 * best["random"].mean()

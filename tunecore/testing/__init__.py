@@ -15,7 +15,7 @@ from tunecore.testing.conformance import (
     RecordStoreConformance,
     SearchPolicyConformance,
 )
-from tunecore.testing.helpers import InstantMeasurer, tiny_task
+from tunecore.testing.helpers import InstantMeasurer, remeasure_together, tiny_task
 
 __all__ = [
     "CostModelConformance",
@@ -23,5 +23,6 @@ __all__ = [
     "MeasurerConformance",
     "RecordStoreConformance",
     "SearchPolicyConformance",
+    "remeasure_together",
     "tiny_task",
 ]

@@ -34,3 +34,28 @@ class InstantMeasurer(Measurer):
             fraction = int(hashlib.sha256(c.key.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
             results.append(MeasureResult(run_secs=[1e-4 * (1 + 9 * fraction)] * 3))
         return results
+
+
+def remeasure_together(task: Task, programs: dict[str, Sequence[Candidate]], passes: int = 4) -> dict[str, list[float]]:
+    """Latencies (seconds, per program, fastest first) of several groups of programs measured together.
+
+    For comparing what different searches found: a machine's speed drifts (by 20% and more over
+    minutes on a shared VM), so latencies recorded during different runs are not comparable. Here
+    every group is measured in each of ``passes`` passes, in alternating order, in one measurer;
+    a program's latency is its median over the passes (inf if it failed).
+    """
+    import numpy as np
+
+    from tunecore.measure.local import LocalMeasurer
+
+    names = list(programs)
+    timings: dict[str, list[list[float]]] = {name: [] for name in names}
+    measurer = LocalMeasurer(task.target, screen=0, repeat=5, min_repeat_ms=50)
+    try:
+        for p in range(passes):
+            for name in names if p % 2 == 0 else names[::-1]:
+                results = measurer.measure(task, list(programs[name]))
+                timings[name].append([r.latency if r.latency is not None else float("inf") for r in results])
+    finally:
+        measurer.close()
+    return {name: sorted(float(x) for x in np.median(np.array(t), axis=0)) for name, t in timings.items()}
