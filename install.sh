@@ -16,4 +16,4 @@ for project in plugins/*/; do
 done
 .venv/bin/python -m pip install --quiet -e ".[test]" "${plugins[@]}"
 .venv/bin/tunecore plugins > /dev/null
-echo "tunecore installed in $(pwd)/.venv with ${#plugins[@]} plugin(s); run .venv/bin/tunecore --help"
+echo "tunecore installed in $(pwd)/.venv with $(( ${#plugins[@]} / 2 )) plugin(s); run .venv/bin/tunecore --help"
