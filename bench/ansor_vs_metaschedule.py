@@ -35,46 +35,24 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from throughput import BUILDER_TIMEOUT_S, environment, last_json_line, run_timed  # noqa: E402
+import common  # noqa: E402
+from common import BUILDER_TIMEOUT_S, command_line, environment, write_results  # noqa: E402
 
 OPS = ["matmul-512", "conv2d-resnet50-c2", "dwconv-mobilenetv2", "dense-bert", "batch-matmul-bert"]
 TOP_K = 3
 PASSES = 4
 
 
-def _metaschedule_worker(model: str, trials: int, seed: int, work_dir: str) -> None:
-    """Runs inside a child process: tune with MetaSchedule into work_dir."""
-    from tvm.s_tir import meta_schedule as ms
-
-    from tunecore.targets import resolve_target
-    from tunecore.workloads import load_workload
-
-    db = ms.tune_tir(load_workload(model).mod, resolve_target("llvm"), work_dir, max_trials_global=trials,
-                     num_trials_per_iter=64, strategy="evolutionary", cost_model="xgb",
-                     builder=ms.builder.LocalBuilder(timeout_sec=BUILDER_TIMEOUT_S), seed=seed)
-    secs = [float(np.mean(r.run_secs)) for r in db.get_all_tuning_records()]
-    ok = [s for s in secs if s < 1e9]
-    print(json.dumps({"measured": len(secs), "ok": len(ok), "best_latency_s": min(ok) if ok else None}))
-
-
 def run_tunecore(op: str, trials: int, seed: int, work: str) -> dict:
-    store = os.path.join(work, f"tunecore-{op}-{trials}-{seed}.db")
-    for suffix in ("", "-wal", "-shm"):  # an interrupted run starts over, so that its wall time is whole
-        if os.path.exists(store + suffix):
-            os.remove(store + suffix)
-    wall, out = run_timed([sys.executable, "-m", "tunecore.cli", "run", "--model", f"op:{op}", "--trials", str(trials),
-                        "--search", "ansor", "--cost-model", "xgb", "--store", f"sqlite:{store}", "--seed", str(seed),
-                        "--json"])
-    summary = json.loads(out)
-    return {"wall_s": wall, "measured": summary["trials_measured"], "errors": summary["errors"],
-            "best_latency_s": summary["tasks"][0]["best_latency_s"], "store": store}
+    store = os.path.join(work, f"tunecore-{op}-{trials}-{seed}.db")  # emptied first: a repeated run's wall time is whole
+    return {**common.run_tunecore(f"op:{op}", trials, seed, search="ansor", cost_model="xgb", store=f"sqlite:{store}"),
+            "store": store}
 
 
 def run_metaschedule(op: str, trials: int, seed: int, work: str) -> dict:
     work_dir = os.path.join(work, f"metaschedule-{op}-{trials}-{seed}")
     shutil.rmtree(work_dir, ignore_errors=True)
-    wall, out = run_timed([sys.executable, __file__, "--_metaschedule", f"op:{op}", str(trials), str(seed), work_dir])
-    return {"wall_s": wall, **last_json_line(out), "work_dir": work_dir}
+    return common.run_metaschedule(f"op:{op}", trials, seed, work_dir)
 
 
 def best_programs(run: dict, task, k: int = TOP_K) -> list:
@@ -182,13 +160,8 @@ def main() -> None:
               "metaschedule_builder_timeout_s": BUILDER_TIMEOUT_S, "environment": environment(), "ops": ops,
               "median_best_latency_ratio": float(np.median([o["best_latency_ratio"] for o in ops.values()])) if ops else None,
               "median_wall_time_ratio": float(np.median([o["wall_time_ratio"] for o in ops.values()])) if ops else None,
-              "matmul_1024": big, "command": " ".join(["python", "bench/ansor_vs_metaschedule.py", *sys.argv[1:]])}
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "ansor_vs_metaschedule.json"), "w") as f:
-        json.dump(report, f, indent=2)
-    with open(os.path.join(args.out, "ansor_vs_metaschedule.md"), "w") as f:
-        f.write(markdown(report))
-    print(markdown(report))
+              "matmul_1024": big, "command": command_line("ansor_vs_metaschedule.py")}
+    write_results(args.out, "ansor_vs_metaschedule", report, markdown(report))
 
 
 def _blas_name() -> str:
@@ -236,8 +209,4 @@ def markdown(report: dict) -> str:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--_metaschedule":
-        model, trials, seed, work_dir = sys.argv[2:6]
-        _metaschedule_worker(model, int(trials), int(seed), work_dir)
-    else:
-        main()
+    main()

@@ -27,7 +27,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from throughput import environment  # noqa: E402
+from common import command_line, environment, remove_sqlite, write_results  # noqa: E402
 
 TOP_K = 4
 
@@ -36,9 +36,7 @@ def tune(op: str, target: str, search: str, cost_model: str, trials: int, seed: 
     from tunecore import session
 
     store = os.path.join(work, f"{op}-{search}-{trials}-{seed}.db")
-    for suffix in ("", "-wal", "-shm"):
-        if os.path.exists(store + suffix):
-            os.remove(store + suffix)
+    remove_sqlite(store)
     started = time.perf_counter()
     session.tune(f"op:{op}", trials=trials, target=target, search=search, cost_model=cost_model,
                  store=f"sqlite:{store}", seed=seed)
@@ -86,15 +84,10 @@ def main() -> None:
             "op": op, "trials": args.trials, "cores": cores, "seeds": seeds,
             "best_ratio": [s["ansor_top_s"][0] / s["random_top_s"][0] for s in seeds],
             "mean_ratio": [float(np.mean(s["ansor_top_s"]) / np.mean(s["random_top_s"])) for s in seeds],
-            "command": " ".join(["python", "bench/ansor_vs_random.py", *sys.argv[1:]]),
+            "command": command_line("ansor_vs_random.py"),
         }
     report["environment"] = environment()
-    os.makedirs(args.out, exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(report, f, indent=2)
-    with open(os.path.join(args.out, "ansor_vs_random.md"), "w") as f:
-        f.write(markdown(report))
-    print(markdown(report))
+    write_results(args.out, "ansor_vs_random", report, markdown(report))
 
 
 def markdown(report: dict) -> str:

@@ -25,6 +25,8 @@ import time
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from common import write_results  # noqa: E402
 TOP_K = (1, 8, 32)
 
 
@@ -126,12 +128,7 @@ def main() -> None:
     report["predict_2048"] = {"task": task.name, "cold_s": cold, "cached_s": cached}
     print(f"predict 2048 {task.name}: cold {cold:.2f} s, cached {cached:.3f} s", file=sys.stderr)
 
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "xgb_objectives.json"), "w") as f:
-        json.dump(report, f, indent=2)
-    with open(os.path.join(args.out, "xgb_objectives.md"), "w") as f:
-        f.write(markdown(report))
-    print(markdown(report))
+    write_results(args.out, "xgb_objectives", report, markdown(report))
 
 
 def markdown(report: dict) -> str:

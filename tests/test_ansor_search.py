@@ -7,11 +7,11 @@ import pytest
 
 pytest.importorskip("tunecore_ansor_search")
 
-from tunecore.interfaces import Candidate, CostModel, MeasureResult, TaskContext  # noqa: E402
+from tunecore.interfaces import CostModel, MeasureResult, TaskContext  # noqa: E402
 from tunecore.registry import Registry  # noqa: E402
 from tunecore.space import DesignSpace  # noqa: E402
 from tunecore.store.sqlite import MemoryStore  # noqa: E402
-from tunecore.testing import InstantMeasurer  # noqa: E402
+from tunecore.testing import InstantMeasurer, sample_candidates  # noqa: E402
 from tunecore.tuner import Tuner  # noqa: E402
 
 
@@ -35,17 +35,6 @@ def _ansor(cost_model_name="none", seed=0, **options):
         cost_model = registry.get("cost_model", cost_model_name)(seed=seed, **({"min_data": 4} if cost_model_name == "xgb" else {}))
     policy = registry.get("search", "ansor")(cost_model=cost_model, store=MemoryStore(), seed=seed, **options)
     return policy, cost_model
-
-
-def _sample(task, n, seed=1):
-    space = DesignSpace(task, seed=seed)
-    out = {}
-    while len(out) < n:
-        sch = space.sample()
-        if sch is not None:
-            c = Candidate.from_schedule(task, sch, origin="test")
-            out.setdefault(c.key, c)
-    return list(out.values())
 
 
 def innermost_j(candidate):
@@ -93,7 +82,7 @@ def test_evolution_uses_the_cost_model_ranking(matmul_task):
                                              iterations=3, eps_greedy=0.0)
     guided.start_task(TaskContext(matmul_task, DesignSpace(matmul_task, seed=0), 0, set(), []))
     proposed = guided.propose(matmul_task, 16)
-    sampled = _sample(matmul_task, 64)
+    sampled = sample_candidates(matmul_task, 64)
     assert np.mean([innermost_j(c) for c in proposed]) > 1.5 * np.mean([innermost_j(c) for c in sampled])
 
 
@@ -154,7 +143,7 @@ def test_cuda_code_path_without_a_gpu():
 
 
 def test_xgb_saves_json_without_pickle_and_predicts_the_same_after_loading(matmul_task, tmp_path):
-    candidates = _sample(matmul_task, 24)
+    candidates = sample_candidates(matmul_task, 24)
     results = [MeasureResult(run_secs=[1e-4 * (1 + i % 7)]) for i in range(len(candidates))]
     results[3] = MeasureResult(error="run: crashed")
     _, model = _ansor("xgb")
@@ -177,7 +166,7 @@ def test_xgb_saves_json_without_pickle_and_predicts_the_same_after_loading(matmu
 
 def test_xgb_learns_the_order_of_a_task(matmul_task):
     """Trained on half the programs of a task, it ranks the other half far better than chance."""
-    candidates = _sample(matmul_task, 96, seed=2)
+    candidates = sample_candidates(matmul_task, 96, seed=2)
     # a learnable latency: wider vectorized inner tiles are faster (plus a little noise)
     rng = np.random.default_rng(0)
     latency = np.array([1e-4 / innermost_j(c) * rng.uniform(0.9, 1.1) for c in candidates])

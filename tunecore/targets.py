@@ -109,11 +109,6 @@ def resolve_target(spec: str | None) -> Any:
                           max_threads_per_block=device.max_threads_per_block,
                           max_shared_memory_per_block=device.max_shared_memory_per_block, thread_warp_size=device.warp_size)
         return _make_target(config, spec)
-    if "/" in spec and not spec.startswith("{"):  # a TVM target tag such as nvidia/nvidia-a100
-        try:
-            return tvm.target.Target(spec, host=host_target())
-        except Exception as error:
-            raise UsageError(f"--target {spec}: {str(error).splitlines()[0]}") from None
     if spec.startswith("{"):
         try:
             config = json.loads(spec)
@@ -124,6 +119,11 @@ def resolve_target(spec: str | None) -> Any:
         return _make_target(config, spec)
     if spec.isidentifier():
         return _make_target({"kind": spec}, spec)
+    if "/" in spec:  # a TVM target tag such as nvidia/nvidia-a100
+        try:
+            return tvm.target.Target(spec, host=host_target())
+        except Exception as error:
+            raise UsageError(f"--target {spec}: {str(error).splitlines()[0]}") from None
     raise UsageError(f'--target {spec!r}: use llvm, cuda, a TVM tag such as nvidia/nvidia-a100 or a JSON dict such as \'{{"kind": "llvm", "mcpu": "haswell"}}\'')
 
 

@@ -108,8 +108,9 @@ class LocalMeasurer(Measurer):
             _remove(path)
             if result.latency is not None:
                 self.best[task.task_id] = min(result.latency, best or result.latency)
+        per_candidate = (time.perf_counter() - started) / max(1, len(results))
         for result in results:
-            result.measure_secs = (time.perf_counter() - started) / len(results)
+            result.measure_secs = per_candidate
         return results
 
     def close(self) -> None:

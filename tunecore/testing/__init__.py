@@ -15,7 +15,7 @@ from tunecore.testing.conformance import (
     RecordStoreConformance,
     SearchPolicyConformance,
 )
-from tunecore.testing.helpers import InstantMeasurer, remeasure_together, tiny_task
+from tunecore.testing.helpers import InstantMeasurer, remeasure_together, sample_candidates, tiny_task
 
 __all__ = [
     "CostModelConformance",
@@ -24,5 +24,6 @@ __all__ = [
     "RecordStoreConformance",
     "SearchPolicyConformance",
     "remeasure_together",
+    "sample_candidates",
     "tiny_task",
 ]

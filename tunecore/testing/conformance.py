@@ -15,27 +15,13 @@ import numpy as np
 import pytest
 
 from tunecore.interfaces import Candidate, MeasureResult, Record, Task, TaskContext
+from tunecore.testing.helpers import sample_candidates
 
 
 def _registry() -> Any:
     from tunecore.registry import Registry
 
     return Registry()
-
-
-def _sample(task: Task, n: int, seed: int = 1) -> list[Candidate]:
-    from tunecore.space import DesignSpace
-
-    space = DesignSpace(task, seed=seed)
-    out: dict[str, Candidate] = {}
-    for _ in range(n * 20):
-        sch = space.sample()
-        if sch is not None:
-            c = Candidate.from_schedule(task, sch, origin="test")
-            out.setdefault(c.key, c)
-        if len(out) == n:
-            break
-    return list(out.values())
 
 
 class _Suite:
@@ -130,7 +116,7 @@ class CostModelConformance(_Suite):
     @pytest.fixture(scope="class")
     @classmethod
     def candidates(cls, task: Task) -> list[Candidate]:
-        return _sample(task, 12)
+        return sample_candidates(task, 12)
 
     def _results(self, task: Task, candidates: list[Candidate]) -> list[MeasureResult]:
         from tunecore.testing.helpers import InstantMeasurer
@@ -258,7 +244,7 @@ class MeasurerConformance(_Suite):
         measurer.close()
 
     def test_measures_valid_candidates(self, measurer: Any, task: Task) -> None:
-        candidates = _sample(task, 3)
+        candidates = sample_candidates(task, 3)
         results = measurer.measure(task, candidates)
         assert len(results) == 3
         for r in results:
@@ -266,7 +252,7 @@ class MeasurerConformance(_Suite):
             assert r.run_secs and all(s > 0 for s in r.run_secs) and r.latency > 0
 
     def test_failures_are_results(self, measurer: Any, task: Task) -> None:
-        good = _sample(task, 2)
+        good = sample_candidates(task, 2)
         broken = Candidate(task, json.dumps([[["GetSBlock", [], ["no_such_block", "main"], ["b0"]]], []]), "broken", "test")
         results = measurer.measure(task, [good[0], broken, good[1]])
         assert len(results) == 3

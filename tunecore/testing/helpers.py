@@ -16,6 +16,22 @@ def tiny_task(op: str = "matmul-64", target: Any = None) -> Task:
     return extract_tasks(load_workload(f"op:{op}"), target or host_target())[0]
 
 
+def sample_candidates(task: Task, n: int, seed: int = 1) -> list[Candidate]:
+    """Up to n distinct random programs of the task (fewer only if the space has fewer)."""
+    from tunecore.space import DesignSpace
+
+    space = DesignSpace(task, seed=seed)
+    out: dict[str, Candidate] = {}
+    for _ in range(n * 20):
+        sch = space.sample()
+        if sch is not None:
+            c = Candidate.from_schedule(task, sch, origin="test")
+            out.setdefault(c.key, c)
+        if len(out) == n:
+            break
+    return list(out.values())
+
+
 class InstantMeasurer(Measurer):
     """Pretends to measure: a latency derived from the candidate's key, no build, no run.
 

@@ -61,7 +61,6 @@ class AnsorSearch(SearchPolicy):
         self.pool = concurrent.futures.ThreadPoolExecutor(threads or physical_cores())  # TVM releases the GIL
         self.local = threading.local()
         self.tasks: dict[str, _TaskState] = {}
-        self.last_search: dict[str, float] = {}  # for reports: seconds, population, iterations of the last round
 
     def close(self) -> None:
         self.pool.shutdown(wait=False)
@@ -84,7 +83,6 @@ class AnsorSearch(SearchPolicy):
         population = seeds + randoms
         lineage = {c.key: c.key for c in population}  # program -> the initial program it descends from
         ranking: dict[str, tuple[float, Candidate]] = {}
-        iterations_done = 0
         for iteration in range(self.iterations + 1):
             if not population:
                 break
@@ -96,7 +94,6 @@ class AnsorSearch(SearchPolicy):
             if iteration == self.iterations or (self.population is None and time.perf_counter() > deadline):
                 break
             population = self._evolve(population, scores, size, state, task, lineage)
-            iterations_done += 1
 
         best_first = [c for _, c in sorted(ranking.values(), key=lambda item: -item[0])]
         n_random = int(n * self.eps_greedy)
@@ -109,7 +106,6 @@ class AnsorSearch(SearchPolicy):
         elapsed = time.perf_counter() - started
         state.eval_s = 0.5 * state.eval_s + 0.5 * elapsed / max(1, evaluated)
         state.proposed_at, state.proposed_n = time.perf_counter(), len(picks)
-        self.last_search = {"seconds": elapsed, "population": size, "iterations": iterations_done, "evaluated": evaluated}
         return picks
 
     def observe(self, task: Task, candidates: Sequence[Candidate], results: Sequence[MeasureResult]) -> None:

@@ -1,0 +1,109 @@
+"""What the benchmark scripts share: timed child processes for each tuner, the environment record, result files.
+
+Each tuner runs in its own process and is timed from start to exit (imports and setup included):
+`run_tunecore` through the `tunecore run` command, `run_metaschedule` through `ms.tune_tir`
+(this file runs as that child with ``--_metaschedule``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+# MetaSchedule's LocalBuilder starts a fresh process pool for every batch and each worker imports all
+# of tvm.s_tir.tensor_intrin first (37-46 s here): with the stock 30 s timeout every build times out.
+BUILDER_TIMEOUT_S = 600
+
+
+def run_timed(args: list[str]) -> tuple[float, str]:
+    """Run a benchmark child process; returns (wall seconds from start to exit, its stdout)."""
+    started = time.perf_counter()
+    result = subprocess.run(args, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    if result.returncode != 0:
+        raise SystemExit(f"benchmark child failed ({result.returncode}): {' '.join(args)}\n{result.stderr[-3000:]}")
+    return wall, result.stdout
+
+
+def remove_sqlite(path: str) -> None:
+    """Delete a SQLite store with its WAL files, so that a repeated run starts from nothing."""
+    for suffix in ("", "-wal", "-shm"):
+        if os.path.exists(path + suffix):
+            os.remove(path + suffix)
+
+
+def run_tunecore(model: str, trials: int, seed: int, *, search: str, cost_model: str, store: str) -> dict:
+    """`tunecore run ... --json` in a child process; ``store`` is a --store URL (a sqlite file is emptied first)."""
+    if store.startswith("sqlite:"):
+        remove_sqlite(store[len("sqlite:"):])
+    wall, out = run_timed([sys.executable, "-m", "tunecore.cli", "run", "--model", model, "--trials", str(trials),
+                           "--search", search, "--cost-model", cost_model, "--measurer", "local", "--store", store,
+                           "--seed", str(seed), "--json"])
+    summary = json.loads(out)
+    return {"wall_s": wall, "measured": summary["trials_measured"], "errors": summary["errors"],
+            "ok": summary["trials_measured"] - summary["errors"], "best_latency_s": summary["tasks"][0]["best_latency_s"]}
+
+
+def run_metaschedule(model: str, trials: int, seed: int, work_dir: str, *, strategy: str = "evolutionary",
+                     builder_timeout: float | None = BUILDER_TIMEOUT_S) -> dict:
+    """ms.tune_tir into ``work_dir`` in a child process (cost model xgb, 64 trials per iteration).
+
+    ``builder_timeout=None`` keeps MetaSchedule's stock LocalBuilder.
+    """
+    wall, out = run_timed([sys.executable, os.path.abspath(__file__), "--_metaschedule", model, str(trials), str(seed),
+                           work_dir, strategy, str(builder_timeout or 0)])
+    return {"wall_s": wall, **json.loads(out.strip().splitlines()[-1]), "work_dir": work_dir}
+
+
+def _metaschedule_child(model: str, trials: int, seed: int, work_dir: str, strategy: str, builder_timeout: float) -> None:
+    """Tune with MetaSchedule; print a JSON line with what got measured (best = lowest mean, MetaSchedule's ranking)."""
+    import numpy as np
+    from tvm.s_tir import meta_schedule as ms
+
+    from tunecore.targets import resolve_target
+    from tunecore.workloads import load_workload
+
+    builder = ms.builder.LocalBuilder(timeout_sec=builder_timeout) if builder_timeout else "local"
+    db = ms.tune_tir(load_workload(model).mod, resolve_target("llvm"), work_dir, max_trials_global=trials,
+                     num_trials_per_iter=64, strategy=strategy, cost_model="xgb", builder=builder, seed=seed)
+    secs = [float(np.mean(r.run_secs)) for r in db.get_all_tuning_records()]
+    ok = [s for s in secs if s < 1e9]
+    print(json.dumps({"measured": len(secs), "ok": len(ok), "best_latency_s": min(ok) if ok else None}))
+
+
+def environment() -> dict:
+    import importlib.metadata
+
+    from tunecore.targets import device_descriptor, resolve_target, target_to_json
+
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "")
+    target = resolve_target("llvm")
+    return {
+        "cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "target": json.loads(target_to_json(target)),
+        "device": device_descriptor(target),
+        "versions": {d: importlib.metadata.version(d) for d in ("apache-tvm", "apache-tvm-ffi", "tunecore")},
+    }
+
+
+def command_line(script: str) -> str:
+    """How this benchmark was invoked, for the report."""
+    return " ".join(["python", f"bench/{script}", *sys.argv[1:]])
+
+
+def write_results(out_dir: str, name: str, report: dict, markdown: str) -> None:
+    """bench/results/<name>.json and .md; the markdown is also printed."""
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
+        json.dump(report, f, indent=2)
+    with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
+        f.write(markdown)
+    print(markdown)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--_metaschedule"]:
+    model, trials, seed, work_dir, strategy, timeout = sys.argv[2:8]
+    _metaschedule_child(model, int(trials), int(seed), work_dir, strategy, float(timeout))
