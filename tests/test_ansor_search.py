@@ -47,6 +47,21 @@ def _rank_correlation(a, b):
     return float(np.corrcoef(np.argsort(np.argsort(a)), np.argsort(np.argsort(b)))[0, 1])
 
 
+@pytest.mark.parametrize("options, fragment", [
+    (["-O", "search.population=abc"], "population must be an integer >= 2, not 'abc'"),
+    (["-O", "search.eps_greedy=1.5"], "eps_greedy must be between 0 and 1"),
+    (["-O", "search.min_population=64", "-O", "search.max_population=8"], "max_population must be an integer >= min_population"),
+    (["-O", "cost_model.objective=mse"], "objective must be 'pack-sum' or 'rank'"),
+    (["-O", "cost_model.rounds=0"], "rounds must be an integer >= 1"),
+])
+def test_bad_options_are_one_line_and_exit_2(options, fragment):
+    from conftest import assert_one_line_exit_2, run_cli
+
+    result = run_cli("run", "--model", "op:matmul-64", "--trials", "4", "--search", "ansor", "--cost-model", "xgb",
+                     "--store", "memory:", *options)
+    assert_one_line_exit_2(result, fragment)
+
+
 def test_both_components_come_from_the_plugin_distribution():
     registry = Registry()
     assert "ansor" in registry.names("search") and "xgb" in registry.names("cost_model")

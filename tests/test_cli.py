@@ -10,22 +10,12 @@ import time
 
 import pytest
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, assert_one_line_exit_2, run_cli
 
 
 def _json(result):
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
-
-
-def _one_line_exit_2(result, *fragments):
-    assert result.returncode == 2, (result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("tunecore: error: ")
-    for fragment in fragments:
-        assert fragment in lines[0]
-    assert "Traceback" not in result.stderr
 
 
 def test_run_stores_records_and_resumes_with_the_difference(tmp_path):
@@ -107,6 +97,7 @@ def test_records_export_import_round_trip(tmp_path):
         (["run", "--model", "op:matmul-64", "--trials", "4", "--target", "{bad json"], ["not valid JSON"]),
         (["run", "--model", "op:matmul-64", "--trials", "4", "--target", '{"kind": "nosuch"}'], ["nosuch"]),
         (["run", "--model", "op:matmul-64", "--trials", "4", "--target", '{"kind": "llvm", "mcpu": "bogus"}'], ["bogus"]),
+        (["run", "--model", "op:matmul-64", "--trials", "4", "--target", "nvidia/nosuch"], ["nvidia/nosuch"]),
         (["run", "--model", "op:matmul-64", "--trials", "4", "-O", "search.nosuch=1"], ["unknown option", "nosuch"]),
         (["run", "--model", "op:matmul-64", "--trials", "4", "-O", "nodot"], ["ROLE.KEY=VALUE"]),
         (["run", "--model", "op:matmul-64"], ["--trials"]),
@@ -116,23 +107,23 @@ def test_records_export_import_round_trip(tmp_path):
     ],
 )
 def test_mistakes_are_one_line_and_exit_2(args, fragments, tmp_path):
-    _one_line_exit_2(run_cli(*args, "--store", "memory:") if args[0] == "run" else run_cli(*args, cwd=tmp_path), *fragments)
+    assert_one_line_exit_2(run_cli(*args, "--store", "memory:") if args[0] == "run" else run_cli(*args, cwd=tmp_path), *fragments)
 
 
-def test_broken_onnx_file_is_one_line_exit_2(tmp_path):
+def test_broken_onnx_file_isassert_one_line_exit_2(tmp_path):
     broken = tmp_path / "broken.onnx"
     broken.write_bytes(b"this is not an onnx model")
-    _one_line_exit_2(run_cli("run", "--model", str(broken), "--trials", "4", "--store", "memory:"), "not a valid ONNX model")
+    assert_one_line_exit_2(run_cli("run", "--model", str(broken), "--trials", "4", "--store", "memory:"), "not a valid ONNX model")
 
 
 def test_store_of_another_program_is_refused(tmp_path):
     foreign = tmp_path / "foreign.db"
     with sqlite3.connect(foreign) as db:
         db.execute("CREATE TABLE things (x)")
-    _one_line_exit_2(run_cli("records", "list", "--store", str(foreign)), "not a tunecore store")
+    assert_one_line_exit_2(run_cli("records", "list", "--store", str(foreign)), "not a tunecore store")
     text = tmp_path / "notes.txt"
     text.write_text("hello " * 1000)
-    _one_line_exit_2(run_cli("run", "--model", "op:matmul-64", "--trials", "1", "--store", str(text)), "not a tunecore store")
+    assert_one_line_exit_2(run_cli("run", "--model", "op:matmul-64", "--trials", "1", "--store", str(text)), "not a tunecore store")
 
 
 def test_kill_9_loses_nothing_committed_and_measures_nothing_twice(tmp_path):

@@ -24,6 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from tunecore.interfaces import Candidate, MeasureResult, SearchPolicy, Task, TaskContext, distinct
+from tunecore_ansor_search import check_options, is_int, is_number
 
 _KEEP_BEST = 64  # measured programs remembered per task as seeds of the initial population
 _PRIOR_MEASURE_S = 0.25  # measuring time per candidate assumed before the first round was measured
@@ -54,6 +55,19 @@ class AnsorSearch(SearchPolicy):
         super().__init__(**kwargs)
         from tunecore.targets import physical_cores
 
+        check_options(
+            population=(population, population is None or is_int(population, 2), "an integer >= 2"),
+            iterations=(iterations, is_int(iterations, 0), "an integer >= 0"),
+            mutate_prob=(mutate_prob, is_number(mutate_prob, 0, 1), "between 0 and 1"),
+            eps_greedy=(eps_greedy, is_number(eps_greedy, 0, 1), "between 0 and 1"),
+            init_measured_ratio=(init_measured_ratio, is_number(init_measured_ratio, 0, 1), "between 0 and 1"),
+            time_ratio=(time_ratio, is_number(time_ratio, 1e-3), "a positive number"),
+            min_population=(min_population, is_int(min_population, 2), "an integer >= 2"),
+            max_population=(max_population, is_int(max_population, 2) and max_population >= min_population,
+                            f"an integer >= min_population ({min_population})"),
+            max_per_lineage=(max_per_lineage, is_number(max_per_lineage, 1e-6, 1), "in (0, 1]"),
+            threads=(threads, threads is None or is_int(threads, 1), "an integer >= 1"),
+        )
         self.population, self.iterations = population, iterations
         self.mutate_prob, self.eps_greedy, self.init_measured_ratio = mutate_prob, eps_greedy, init_measured_ratio
         self.time_ratio, self.min_population, self.max_population = time_ratio, min_population, max_population

@@ -23,6 +23,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from tunecore.interfaces import Candidate, CostModel, MeasureResult, Task
+from tunecore_ansor_search import check_options, is_int, is_number
 
 N_FEATURES = 164
 _FORMAT = "tunecore-xgb"
@@ -34,8 +35,15 @@ class XGBModel(CostModel):
     def __init__(self, *, objective: str = "pack-sum", rounds: int = 100, max_depth: int = 8, eta: float = 0.2,
                  min_data: int = 64, cache_size: int = 50_000, threads: int | None = None, **kwargs: Any):
         super().__init__(**kwargs)
-        if objective not in ("pack-sum", "rank"):
-            raise TypeError(f"objective must be 'pack-sum' or 'rank', not {objective!r}")
+        check_options(
+            objective=(objective, objective in ("pack-sum", "rank"), "'pack-sum' or 'rank'"),
+            rounds=(rounds, is_int(rounds, 1), "an integer >= 1"),
+            max_depth=(max_depth, is_int(max_depth, 1), "an integer >= 1"),
+            eta=(eta, is_number(eta, 1e-9), "a positive number"),
+            min_data=(min_data, is_int(min_data, 1), "an integer >= 1"),
+            cache_size=(cache_size, is_int(cache_size, 0), "an integer >= 0"),
+            threads=(threads, threads is None or is_int(threads, 1), "an integer >= 1"),
+        )
         from tunecore.targets import physical_cores
 
         self.objective = objective
