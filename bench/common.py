@@ -64,11 +64,13 @@ def _metaschedule_child(model: str, trials: int, seed: int, work_dir: str, strat
     import numpy as np
     from tvm.s_tir import meta_schedule as ms
 
-    from tunecore.targets import resolve_target
+    from tunecore.targets import resolve_target, use_target_threads
     from tunecore.workloads import load_workload
 
+    target = resolve_target("llvm")
+    use_target_threads(target)  # LocalRunner's workers inherit it; else TVM runs kernels on half the cores
     builder = ms.builder.LocalBuilder(timeout_sec=builder_timeout) if builder_timeout else "local"
-    db = ms.tune_tir(load_workload(model).mod, resolve_target("llvm"), work_dir, max_trials_global=trials,
+    db = ms.tune_tir(load_workload(model).mod, target, work_dir, max_trials_global=trials,
                      num_trials_per_iter=64, strategy=strategy, cost_model="xgb", builder=builder, seed=seed)
     secs = [float(np.mean(r.run_secs)) for r in db.get_all_tuning_records()]
     ok = [s for s in secs if s < 1e9]
