@@ -45,7 +45,8 @@ def run_tunecore(model: str, trials: int, seed: int, *, search: str, cost_model:
                            "--seed", str(seed), "--json"])
     summary = json.loads(out)
     return {"wall_s": wall, "measured": summary["trials_measured"], "errors": summary["errors"],
-            "ok": summary["trials_measured"] - summary["errors"], "best_latency_s": summary["tasks"][0]["best_latency_s"]}
+            "ok": summary["trials_measured"] - summary["errors"], "best_latency_s": summary["tasks"][0]["best_latency_s"],
+            "estimated_latency_ms": summary["estimated_latency_ms"], "phase_s": summary.get("phase_s")}
 
 
 def run_metaschedule(model: str, trials: int, seed: int, work_dir: str, *, strategy: str = "evolutionary",

@@ -89,7 +89,7 @@ def random_inputs(workload: Workload, seed: int = 0) -> list[np.ndarray]:
     return out
 
 
-class _Runnable:
+class Runnable:
     """Calls and times an executable the same way for networks (Relax VM) and single operators."""
 
     def __init__(self, executable: Any, workload: Workload, target: Any, inputs: list[np.ndarray]):
@@ -145,8 +145,8 @@ def compile_and_check(workload: Workload, target: Any, store: RecordStore, *, ou
     compile_s = time.time() - started
     untuned = build(workload, target, ms.database.MemoryDatabase())
     inputs = random_inputs(workload)
-    tuned_run = _Runnable(tuned, workload, target, inputs)
-    untuned_run = _Runnable(untuned, workload, target, inputs)
+    tuned_run = Runnable(tuned, workload, target, inputs)
+    untuned_run = Runnable(untuned, workload, target, inputs)
     expected, got = untuned_run.outputs(), tuned_run.outputs()
     error = max(
         float(np.max(np.abs(g.astype(np.float64) - e)) / max(1e-6, float(np.max(np.abs(e))))) if e.size else 0.0

@@ -1,0 +1,135 @@
+"""A network tuned by several search/cost-model pairs at the same budget, then built and timed together.
+
+Each pair runs `tunecore run --model M --search S --cost-model C --trials N` as its own process into
+its own store (timed from start to exit). Then, in this process, the network is built untuned and
+once per store with the store's best schedules (what `tunecore compile` builds), every tuned build's
+outputs are checked against the untuned build's, and all builds are timed in alternating passes so
+that the machine's drift hits them alike; a build's latency is the median over passes.
+
+    python bench/network_searches.py [--model zoo:resnet-18] [--pairs ansor:xgb,random:none] [--trials 1000]
+
+Resumable: finished tuning runs are kept in --work and not repeated. Writes
+bench/results/network_searches.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import common  # noqa: E402
+from common import command_line, environment, write_results  # noqa: E402
+
+
+def time_together(model: str, stores: dict[str, str], passes: int) -> dict:
+    """Build untuned + one build per store; check outputs; median latency over alternating passes."""
+    from tunecore.compile import Runnable, best_database, build, random_inputs
+    from tunecore.store.sqlite import SqliteStore
+    from tunecore.targets import resolve_target, use_target_threads
+    from tunecore.workloads import extract_tasks, load_workload
+    from tvm.s_tir import meta_schedule as ms
+
+    target = resolve_target("llvm")
+    use_target_threads(target)
+    workload = load_workload(model)
+    tasks = extract_tasks(workload, target)
+    inputs = random_inputs(workload)
+    runnables, builds = {}, {}
+    untuned = build(workload, target, ms.database.MemoryDatabase())
+    runnables["untuned"] = Runnable(untuned, workload, target, inputs)
+    expected = runnables["untuned"].outputs()
+    for name, path in stores.items():
+        store = SqliteStore(path)
+        try:
+            database, covered = best_database(store, tasks, target)
+        finally:
+            store.close()
+        runnables[name] = Runnable(build(workload, target, database), workload, target, inputs)
+        got = runnables[name].outputs()
+        error = max(float(np.max(np.abs(g.astype(np.float64) - e)) / max(1e-6, float(np.max(np.abs(e)))))
+                    for g, e in zip(got, expected))
+        builds[name] = {"tasks_tuned": covered, "tasks_total": len(tasks), "max_relative_error": error}
+    samples = {name: [] for name in runnables}
+    for p in range(passes):
+        order = list(runnables) if p % 2 == 0 else list(reversed(runnables))
+        for name in order:
+            untuned_pass = name == "untuned"
+            samples[name].append(runnables[name].time(1 if untuned_pass else 5, min_repeat_ms=0 if untuned_pass else 200))
+    return {name: {"latency_ms": float(np.median(s)) * 1e3, "passes_ms": [x * 1e3 for x in s], **builds.get(name, {})}
+            for name, s in samples.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="zoo:resnet-18")
+    parser.add_argument("--pairs", default="ansor:xgb,random:none", help="SEARCH:COST_MODEL, comma-separated")
+    parser.add_argument("--trials", type=int, default=1000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--passes", type=int, default=5)
+    parser.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "tunecore-bench-network-searches"))
+    parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    args = parser.parse_args()
+    pairs = [tuple(p.split(":")) for p in args.pairs.split(",")]
+    if any(len(p) != 2 for p in pairs):
+        parser.error("--pairs: expected SEARCH:COST_MODEL[,SEARCH:COST_MODEL...]")
+
+    os.makedirs(args.work, exist_ok=True)
+    done_path = os.path.join(args.work, "runs.json")
+    done = json.load(open(done_path)) if os.path.exists(done_path) else {}
+    runs, stores = {}, {}
+    for search, cost_model in pairs:
+        name = f"{search}+{cost_model}"
+        key = f"{args.model} {name} {args.trials} {args.seed}"
+        stores[name] = os.path.join(args.work, f"{args.model.replace(':', '-')}-{search}-{cost_model}-{args.trials}-{args.seed}.db")
+        if key not in done:
+            print(f"tuning {key} ...", file=sys.stderr, flush=True)
+            done[key] = common.run_tunecore(args.model, args.trials, args.seed, search=search, cost_model=cost_model,
+                                            store=f"sqlite:{stores[name]}")
+            with open(done_path, "w") as f:
+                json.dump(done, f, indent=2)
+        runs[name] = done[key]
+        print(f"  {key}: {runs[name]['wall_s']:.0f} s, estimated {runs[name]['estimated_latency_ms']:.1f} ms",
+              file=sys.stderr, flush=True)
+
+    print("building and timing ...", file=sys.stderr, flush=True)
+    timed = time_together(args.model, stores, args.passes)
+    report = {"benchmark": "network_searches", "model": args.model, "trials": args.trials, "seed": args.seed,
+              "passes": args.passes, "runs": runs, "builds": timed, "environment": environment(),
+              "command": command_line("network_searches.py")}
+    write_results(args.out, "network_searches", report, markdown(report))
+
+
+def markdown(report: dict) -> str:
+    env = report["environment"]
+    untuned = report["builds"]["untuned"]["latency_ms"]
+    lines = [
+        f"# {report['model']}: searches at {report['trials']} trials, built and timed together",
+        "",
+        f"CPU: {env['cpu']} ({env['cores']} cores), target `{json.dumps(env['target'])}`, "
+        f"TVM {env['versions']['apache-tvm']}. Command: `{report['command']}`.",
+        "",
+        f"End-to-end latency: median of {report['passes']} alternating passes over all builds in one process "
+        "(each pass of a tuned build: median of 5 calls). Estimated: the run's sum of weight × best kernel latency.",
+        "",
+        "| build | tuning wall s | measured (failed) | estimated ms | end-to-end ms | speedup over untuned | outputs |",
+        "|---|---:|---:|---:|---:|---:|---|",
+        f"| untuned | - | - | - | {untuned:.1f} | 1.00 | reference |",
+    ]
+    for name, run in report["runs"].items():
+        b = report["builds"][name]
+        lines.append(f"| {name} | {run['wall_s']:.0f} | {run['measured']} ({run['errors']}) | {run['estimated_latency_ms']:.1f} "
+                     f"| {b['latency_ms']:.1f} | {untuned / b['latency_ms']:.2f} "
+                     f"| {b['tasks_tuned']}/{b['tasks_total']} tuned, max rel. error {b['max_relative_error']:.1g} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
