@@ -59,12 +59,9 @@ def best_programs(run: dict, task, k: int = TOP_K) -> list:
     """The k best measured programs of a run, as candidates of tunecore's task."""
     from tunecore.interfaces import Candidate
     from tunecore.space import trace_to_json
-    from tunecore.store.sqlite import SqliteStore
 
     if "store" in run:
-        store = SqliteStore(run["store"])
-        (stored,) = store.get_tasks()
-        return [r.candidate(task) for r in store.best(stored.task_id, k=k)]
+        return common.best_candidates(run["store"], task, k)
     from tvm.s_tir import meta_schedule as ms
 
     db = ms.database.JSONDatabase(work_dir=run["work_dir"])

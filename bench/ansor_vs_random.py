@@ -27,7 +27,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from common import command_line, environment, remove_sqlite, write_results  # noqa: E402
+from common import best_candidates, command_line, environment, remove_sqlite, write_results  # noqa: E402
 
 TOP_K = 4
 
@@ -52,7 +52,6 @@ def main() -> None:
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     args = parser.parse_args()
 
-    from tunecore.store.sqlite import SqliteStore
     from tunecore.targets import host_target, physical_cores, target_from_json, target_to_json
     from tunecore.testing import remeasure_together, tiny_task
 
@@ -70,11 +69,7 @@ def main() -> None:
                 print(f"{op} seed {seed}: {search} ...", file=sys.stderr, flush=True)
                 runs[search] = tune(op, target_json, search, cost_model, args.trials, seed, work)
             task = task or tiny_task(op, target_from_json(target_json))
-            programs = {}
-            for search, (store_path, _) in runs.items():
-                store = SqliteStore(store_path)
-                (stored,) = store.get_tasks()
-                programs[search] = [r.candidate(task) for r in store.best(stored.task_id, k=TOP_K)]
+            programs = {search: best_candidates(store_path, task, TOP_K) for search, (store_path, _) in runs.items()}
             latencies = remeasure_together(task, programs)
             seeds.append({"seed": seed, **{f"{s}_top_s": latencies[s] for s in runs},
                           **{f"{s}_wall_s": runs[s][1] for s in runs}})

@@ -49,6 +49,18 @@ def run_tunecore(model: str, trials: int, seed: int, *, search: str, cost_model:
             "estimated_latency_ms": summary["estimated_latency_ms"], "phase_s": summary.get("phase_s")}
 
 
+def best_candidates(store_file: str, task, k: int) -> list:
+    """The k best measured programs in a one-task SQLite store, as candidates of ``task``."""
+    from tunecore.store.sqlite import SqliteStore
+
+    store = SqliteStore(store_file)
+    try:
+        (stored,) = store.get_tasks()
+        return [r.candidate(task) for r in store.best(stored.task_id, k=k)]
+    finally:
+        store.close()
+
+
 def run_metaschedule(model: str, trials: int, seed: int, work_dir: str, *, strategy: str = "evolutionary",
                      builder_timeout: float | None = BUILDER_TIMEOUT_S) -> dict:
     """ms.tune_tir into ``work_dir`` in a child process (cost model xgb, 64 trials per iteration).

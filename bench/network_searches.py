@@ -30,7 +30,7 @@ from common import command_line, environment, write_results  # noqa: E402
 
 def time_together(model: str, stores: dict[str, str], passes: int) -> dict:
     """Build untuned + one build per store; check outputs; median latency over alternating passes."""
-    from tunecore.compile import Runnable, best_database, build, random_inputs
+    from tunecore.compile import Runnable, best_database, build, max_relative_error, random_inputs
     from tunecore.store.sqlite import SqliteStore
     from tunecore.targets import resolve_target, use_target_threads
     from tunecore.workloads import extract_tasks, load_workload
@@ -52,10 +52,8 @@ def time_together(model: str, stores: dict[str, str], passes: int) -> dict:
         finally:
             store.close()
         runnables[name] = Runnable(build(workload, target, database), workload, target, inputs)
-        got = runnables[name].outputs()
-        error = max(float(np.max(np.abs(g.astype(np.float64) - e)) / max(1e-6, float(np.max(np.abs(e)))))
-                    for g, e in zip(got, expected))
-        builds[name] = {"tasks_tuned": covered, "tasks_total": len(tasks), "max_relative_error": error}
+        builds[name] = {"tasks_tuned": covered, "tasks_total": len(tasks),
+                        "max_relative_error": max_relative_error(runnables[name].outputs(), expected)}
     samples = {name: [] for name in runnables}
     for p in range(passes):
         order = list(runnables) if p % 2 == 0 else list(reversed(runnables))

@@ -89,6 +89,14 @@ def random_inputs(workload: Workload, seed: int = 0) -> list[np.ndarray]:
     return out
 
 
+def max_relative_error(got: list[np.ndarray], expected: list[np.ndarray]) -> float:
+    """Largest difference between two builds' outputs, relative to each expected output's magnitude."""
+    return max(
+        float(np.max(np.abs(g.astype(np.float64) - e)) / max(1e-6, float(np.max(np.abs(e))))) if e.size else 0.0
+        for g, e in zip(got, expected)
+    )
+
+
 class Runnable:
     """Calls and times an executable the same way for networks (Relax VM) and single operators."""
 
@@ -148,10 +156,7 @@ def compile_and_check(workload: Workload, target: Any, store: RecordStore, *, ou
     tuned_run = Runnable(tuned, workload, target, inputs)
     untuned_run = Runnable(untuned, workload, target, inputs)
     expected, got = untuned_run.outputs(), tuned_run.outputs()
-    error = max(
-        float(np.max(np.abs(g.astype(np.float64) - e)) / max(1e-6, float(np.max(np.abs(e))))) if e.size else 0.0
-        for g, e in zip(got, expected)
-    )
+    error = max_relative_error(got, expected)
     latency = tuned_run.time(repeat, min_repeat_ms=200)
     untuned_latency = untuned_run.time(untuned_repeat, min_repeat_ms=0)
     if output:
