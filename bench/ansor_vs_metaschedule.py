@@ -9,16 +9,17 @@ same target, trial budget and seed, and are timed from process start to exit:
 
 The machine's speed drifts by up to ~20% over an hour, so latencies recorded during the runs are not
 compared across runs. After all seeds of an operator, the 3 best programs of every run are
-re-measured together in one measurer, in alternating order over 4 passes; a run's best latency is
-the minimum over its programs of the median over passes.
+re-measured together in one measurer, over 8 passes in random order (tunecore.testing.remeasure_together);
+a run's best latency is the minimum over its programs of the median over passes.
 
 Then matmul-1024 fp32: tunecore after --big-trials trials against numpy's matmul (OpenBLAS), timed in
 the same process right after.
 
     python bench/ansor_vs_metaschedule.py [--ops matmul-512,...] [--seeds 3] [--trials 256] [--big-trials 1000]
+                                          [-O search.time_ratio=1 ...]   # options of tunecore's side
 
 Resumable: finished runs are kept in --work (default: a directory under /tmp) and skipped when
-the command is repeated. Writes bench/results/ansor_vs_metaschedule.{json,md}.
+the command is repeated on the same kind of machine (CPU model, target); runs made on another are redone. Writes bench/results/ansor_vs_metaschedule.{json,md}.
 """
 
 from __future__ import annotations
@@ -40,13 +41,13 @@ from common import BUILDER_TIMEOUT_S, command_line, environment, write_results  
 
 OPS = ["matmul-512", "conv2d-resnet50-c2", "dwconv-mobilenetv2", "dense-bert", "batch-matmul-bert"]
 TOP_K = 3
-PASSES = 4
 
 
-def run_tunecore(op: str, trials: int, seed: int, work: str) -> dict:
-    store = os.path.join(work, f"tunecore-{op}-{trials}-{seed}.db")  # emptied first: a repeated run's wall time is whole
-    return {**common.run_tunecore(f"op:{op}", trials, seed, search="ansor", cost_model="xgb", store=f"sqlite:{store}"),
-            "store": store}
+def run_tunecore(op: str, trials: int, seed: int, work: str, options: list[str]) -> dict:
+    variant = "".join(f"-{o}" for o in options).replace("/", "_")
+    store = os.path.join(work, f"tunecore{variant}-{op}-{trials}-{seed}.db")  # emptied first: a repeated run's wall time is whole
+    return {**common.run_tunecore(f"op:{op}", trials, seed, search="ansor", cost_model="xgb", store=f"sqlite:{store}",
+                                  options=options), "store": store}
 
 
 def run_metaschedule(op: str, trials: int, seed: int, work: str) -> dict:
@@ -74,7 +75,7 @@ def remeasure(task, runs: dict[str, list]) -> dict[str, float]:
     """Best latency of each run's programs, measured together: min over programs of the median over passes."""
     from tunecore.testing import remeasure_together
 
-    return {name: latencies[0] for name, latencies in remeasure_together(task, runs, passes=PASSES).items()}
+    return {name: latencies[0] for name, latencies in remeasure_together(task, runs).items()}
 
 
 def numpy_matmul_seconds(n: int) -> float:
@@ -96,6 +97,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--trials", type=int, default=256)
     parser.add_argument("--big-trials", type=int, default=1000, help="trials for matmul-1024 (0: skip)")
+    parser.add_argument("-O", dest="options", action="append", default=[], metavar="KEY=VALUE",
+                        help="an option of tunecore's side (tunecore run -O), e.g. search.time_ratio=1; repeatable")
     parser.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "tunecore-bench-ansor-vs-metaschedule"))
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     args = parser.parse_args()
@@ -108,23 +111,29 @@ def main() -> None:
     os.makedirs(args.work, exist_ok=True)
     done_path = os.path.join(args.work, "runs.json")
     done = json.load(open(done_path)) if os.path.exists(done_path) else {}
+    env = environment()
+    machine = {"cpu": env["cpu"], "cores": env["cores"], "target": env["target"]}
 
     def run_once(key: str, run) -> dict:
+        if key in done and done[key].get("machine") != machine:
+            print(f"{key} was run on another machine ({done[key].get('machine')}): running it again", file=sys.stderr)
+            del done[key]
         if key not in done:
             print(f"running {key} ...", file=sys.stderr, flush=True)
-            done[key] = run()
+            done[key] = {**run(), "machine": machine}
             with open(done_path, "w") as f:
                 json.dump(done, f, indent=2)
         r = done[key]
         print(f"  {key}: {r['wall_s']:.0f} s, best {r['best_latency_s'] * 1e3:.3f} ms during the run", file=sys.stderr)
         return r
 
+    tunecore = "tunecore" + "".join(f" -O {o}" for o in args.options)  # the key of its runs in runs.json
     ops = {}
     for op in args.ops.split(","):
         runs = {}
         for seed in range(args.seeds):
-            runs[f"tunecore/{seed}"] = run_once(f"tunecore {op} {args.trials} {seed}",
-                                                lambda: run_tunecore(op, args.trials, seed, args.work))
+            runs[f"tunecore/{seed}"] = run_once(f"{tunecore} {op} {args.trials} {seed}",
+                                                lambda: run_tunecore(op, args.trials, seed, args.work, args.options))
             runs[f"metaschedule/{seed}"] = run_once(f"metaschedule {op} {args.trials} {seed}",
                                                     lambda: run_metaschedule(op, args.trials, seed, args.work))
         task = tiny_task(op, target)
@@ -144,7 +153,8 @@ def main() -> None:
 
     big = None
     if args.big_trials:
-        run = run_once(f"tunecore matmul-1024 {args.big_trials} 0", lambda: run_tunecore("matmul-1024", args.big_trials, 0, args.work))
+        run = run_once(f"{tunecore} matmul-1024 {args.big_trials} 0",
+                       lambda: run_tunecore("matmul-1024", args.big_trials, 0, args.work, args.options))
         task = tiny_task("matmul-1024", target)
         tvm_s = remeasure(task, {"tunecore": best_programs(run, task)})["tunecore"]
         numpy_s = numpy_matmul_seconds(1024)
@@ -154,7 +164,8 @@ def main() -> None:
                "numpy_blas": _blas_name()}
 
     report = {"benchmark": "ansor_vs_metaschedule", "trials": args.trials, "seeds": args.seeds, "threads": threads,
-              "metaschedule_builder_timeout_s": BUILDER_TIMEOUT_S, "environment": environment(), "ops": ops,
+              "tunecore_options": args.options,
+              "metaschedule_builder_timeout_s": BUILDER_TIMEOUT_S, "environment": env, "ops": ops,
               "median_best_latency_ratio": float(np.median([o["best_latency_ratio"] for o in ops.values()])) if ops else None,
               "median_wall_time_ratio": float(np.median([o["wall_time_ratio"] for o in ops.values()])) if ops else None,
               "matmul_1024": big, "command": command_line("ansor_vs_metaschedule.py")}
@@ -177,7 +188,9 @@ def markdown(report: dict) -> str:
         f"CPU: {env['cpu']} ({env['cores']} cores, kernels on {report['threads']} threads), target "
         f"`{json.dumps(env['target'])}`, TVM {env['versions']['apache-tvm']}. Command: `{report['command']}`.",
         "",
-        "Latencies: the 3 best programs of each run re-measured together (median of 4 alternating passes); "
+        *([f"tunecore options: `{' '.join('-O ' + o for o in report['tunecore_options'])}`.", ""]
+          if report.get("tunecore_options") else []),
+        "Latencies: the 3 best programs of each run re-measured together (median of 8 passes in random order); "
         "ratios < 1 favour tunecore. Wall time: whole processes, start to exit.",
         "",
         "| operator | GFLOP | tunecore best ms (per seed) | MetaSchedule best ms (per seed) | latency ratio (median) "

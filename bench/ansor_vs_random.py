@@ -2,7 +2,7 @@
 
 For each seed, both searches tune the operator with the defaults a user gets from `tunecore run`
 (each its own store), one after the other; then the 4 best programs of both runs are re-measured
-together in alternating order (`tunecore.testing.remeasure_together`), because this machine's speed
+together, in random order over several passes (`tunecore.testing.remeasure_together`), because this machine's speed
 drifts between runs. Reported: best and top-4 mean latency of each, their ratio, and tuning wall time.
 
 `--cores` sets the target's `num-cores` (kernels use that many threads); `all` is the host default.
@@ -90,7 +90,7 @@ def markdown(report: dict) -> str:
     lines = [
         "# ansor+xgb vs random search at the same budget", "",
         f"CPU: {env['cpu']} ({env['cores']} cores), TVM {env['versions']['apache-tvm']}. The 4 best programs of each "
-        "run re-measured together (median of 4 alternating passes). Ratios < 1: ansor's programs are faster.", "",
+        "run re-measured together (median of 8 passes in random order). Ratios < 1: ansor's programs are faster.", "",
         "| operator | trials | kernel threads | random best ms (per seed) | ansor best ms (per seed) "
         "| best ratio (per seed) | top-4 mean ratio (per seed) | random / ansor wall s (per seed) | command |",
         "|---|---:|---:|---|---|---|---|---|---|",

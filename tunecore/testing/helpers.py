@@ -52,26 +52,31 @@ class InstantMeasurer(Measurer):
         return results
 
 
-def remeasure_together(task: Task, programs: dict[str, Sequence[Candidate]], passes: int = 4) -> dict[str, list[float]]:
+def remeasure_together(task: Task, programs: dict[str, Sequence[Candidate]], passes: int = 8, seed: int = 0) -> dict[str, list[float]]:
     """Latencies (seconds, per program, fastest first) of several groups of programs measured together.
 
     For comparing what different searches found: a machine's speed drifts (by 20% and more over
     minutes on a shared VM), so latencies recorded during different runs are not comparable. Here
-    every group is measured in each of ``passes`` passes, in alternating order, in one measurer;
-    a program's latency is its median over the passes (inf if it failed).
+    all programs of all groups are measured in each of ``passes`` passes, each pass in its own random
+    order, in one measurer, so that drift falls on every group alike; a program's latency is its
+    median over the passes (inf if it failed).
     """
     import numpy as np
 
     from tunecore.measure.local import LocalMeasurer
 
-    names = list(programs)
-    timings: dict[str, list[list[float]]] = {name: [] for name in names}
+    flat = [(name, i, c) for name, group in programs.items() for i, c in enumerate(group)]
+    timings = np.full((passes, len(flat)), np.inf)
+    order = np.random.default_rng(seed)
     measurer = LocalMeasurer(task.target, screen=0, repeat=5, min_repeat_ms=50)
     try:
         for p in range(passes):
-            for name in names if p % 2 == 0 else names[::-1]:
-                results = measurer.measure(task, list(programs[name]))
-                timings[name].append([r.latency if r.latency is not None else float("inf") for r in results])
+            permutation = order.permutation(len(flat))
+            results = measurer.measure(task, [flat[j][2] for j in permutation])
+            for j, r in zip(permutation, results):
+                if r.latency is not None:
+                    timings[p, j] = r.latency
     finally:
         measurer.close()
-    return {name: sorted(float(x) for x in np.median(np.array(t), axis=0)) for name, t in timings.items()}
+    medians = np.median(timings, axis=0)
+    return {name: sorted(float(medians[j]) for j, (n, _, _) in enumerate(flat) if n == name) for name in programs}
