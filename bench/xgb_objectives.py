@@ -12,6 +12,8 @@ rank correlation. Also times `predict` on 2,048 fresh candidates (features extra
 candidates again (features cached), next to TVM's feature extractor alone and MetaSchedule's own
 XGBModel.predict on the same programs.
 
+    for op in matmul-512 conv2d-resnet50-c2 dense-bert dwconv-mobilenetv2 batch-matmul-bert; do
+        tunecore run --model op:$op --search random --trials 160 --seed 0 --store sqlite:data.db; done
     python bench/xgb_objectives.py --store data.db [--out bench/results]
 """
 
