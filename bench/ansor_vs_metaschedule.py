@@ -16,7 +16,7 @@ Then matmul-1024 fp32: tunecore after --big-trials trials against numpy's matmul
 the same process right after.
 
     python bench/ansor_vs_metaschedule.py [--ops matmul-512,...] [--seeds 3] [--trials 256] [--big-trials 1000]
-                                          [-O search.time_ratio=1 ...]   # options of tunecore's side
+                                          [--tunecore-args "-O search.time_ratio=1 --round-size 64"]
 
 Resumable: finished runs are kept in --work (default: a directory under /tmp) and skipped when
 the command is repeated on the same kind of machine (CPU model, target); runs made on another are redone. Writes bench/results/ansor_vs_metaschedule.{json,md}.
@@ -27,6 +27,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shlex
 import shutil
 import sys
 import tempfile
@@ -43,11 +45,11 @@ OPS = ["matmul-512", "conv2d-resnet50-c2", "dwconv-mobilenetv2", "dense-bert", "
 TOP_K = 3
 
 
-def run_tunecore(op: str, trials: int, seed: int, work: str, options: list[str]) -> dict:
-    variant = "".join(f"-{o}" for o in options).replace("/", "_")
+def run_tunecore(op: str, trials: int, seed: int, work: str, extra_args: list[str]) -> dict:
+    variant = re.sub(r"[^A-Za-z0-9_.=-]+", "_", "".join(f"-{a}" for a in extra_args))
     store = os.path.join(work, f"tunecore{variant}-{op}-{trials}-{seed}.db")  # emptied first: a repeated run's wall time is whole
     return {**common.run_tunecore(f"op:{op}", trials, seed, search="ansor", cost_model="xgb", store=f"sqlite:{store}",
-                                  options=options), "store": store}
+                                  extra_args=extra_args), "store": store}
 
 
 def run_metaschedule(op: str, trials: int, seed: int, work: str) -> dict:
@@ -97,8 +99,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--trials", type=int, default=256)
     parser.add_argument("--big-trials", type=int, default=1000, help="trials for matmul-1024 (0: skip)")
-    parser.add_argument("-O", dest="options", action="append", default=[], metavar="KEY=VALUE",
-                        help="an option of tunecore's side (tunecore run -O), e.g. search.time_ratio=1; repeatable")
+    parser.add_argument("--tunecore-args", default="", metavar="ARGS",
+                        help="more arguments for tunecore's side, e.g. \"-O search.time_ratio=1 --round-size 64\"")
     parser.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "tunecore-bench-ansor-vs-metaschedule"))
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     args = parser.parse_args()
@@ -127,13 +129,14 @@ def main() -> None:
         print(f"  {key}: {r['wall_s']:.0f} s, best {r['best_latency_s'] * 1e3:.3f} ms during the run", file=sys.stderr)
         return r
 
-    tunecore = "tunecore" + "".join(f" -O {o}" for o in args.options)  # the key of its runs in runs.json
+    extra = shlex.split(args.tunecore_args)
+    tunecore = " ".join(["tunecore", *extra])  # the key of its runs in runs.json
     ops = {}
     for op in args.ops.split(","):
         runs = {}
         for seed in range(args.seeds):
             runs[f"tunecore/{seed}"] = run_once(f"{tunecore} {op} {args.trials} {seed}",
-                                                lambda: run_tunecore(op, args.trials, seed, args.work, args.options))
+                                                lambda: run_tunecore(op, args.trials, seed, args.work, extra))
             runs[f"metaschedule/{seed}"] = run_once(f"metaschedule {op} {args.trials} {seed}",
                                                     lambda: run_metaschedule(op, args.trials, seed, args.work))
         task = tiny_task(op, target)
@@ -154,7 +157,7 @@ def main() -> None:
     big = None
     if args.big_trials:
         run = run_once(f"{tunecore} matmul-1024 {args.big_trials} 0",
-                       lambda: run_tunecore("matmul-1024", args.big_trials, 0, args.work, args.options))
+                       lambda: run_tunecore("matmul-1024", args.big_trials, 0, args.work, extra))
         task = tiny_task("matmul-1024", target)
         tvm_s = remeasure(task, {"tunecore": best_programs(run, task)})["tunecore"]
         numpy_s = numpy_matmul_seconds(1024)
@@ -164,7 +167,7 @@ def main() -> None:
                "numpy_blas": _blas_name()}
 
     report = {"benchmark": "ansor_vs_metaschedule", "trials": args.trials, "seeds": args.seeds, "threads": threads,
-              "tunecore_options": args.options,
+              "tunecore_args": extra,
               "metaschedule_builder_timeout_s": BUILDER_TIMEOUT_S, "environment": env, "ops": ops,
               "median_best_latency_ratio": float(np.median([o["best_latency_ratio"] for o in ops.values()])) if ops else None,
               "median_wall_time_ratio": float(np.median([o["wall_time_ratio"] for o in ops.values()])) if ops else None,
@@ -188,8 +191,7 @@ def markdown(report: dict) -> str:
         f"CPU: {env['cpu']} ({env['cores']} cores, kernels on {report['threads']} threads), target "
         f"`{json.dumps(env['target'])}`, TVM {env['versions']['apache-tvm']}. Command: `{report['command']}`.",
         "",
-        *([f"tunecore options: `{' '.join('-O ' + o for o in report['tunecore_options'])}`.", ""]
-          if report.get("tunecore_options") else []),
+        *([f"tunecore's side ran with `{' '.join(report['tunecore_args'])}`.", ""] if report.get("tunecore_args") else []),
         "Latencies: the 3 best programs of each run re-measured together (median of 8 passes in random order); "
         "ratios < 1 favour tunecore. Wall time: whole processes, start to exit.",
         "",

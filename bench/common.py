@@ -37,14 +37,14 @@ def remove_sqlite(path: str) -> None:
 
 
 def run_tunecore(model: str, trials: int, seed: int, *, search: str, cost_model: str, store: str,
-                 options: list[str] = ()) -> dict:
+                 extra_args: list[str] = ()) -> dict:
     """`tunecore run ... --json` in a child process; ``store`` is a --store URL (a sqlite file is emptied first);
-    ``options`` are -O KEY=VALUE pairs."""
+    ``extra_args`` go to `tunecore run` as they are (e.g. ["-O", "search.time_ratio=1"])."""
     if store.startswith("sqlite:"):
         remove_sqlite(store[len("sqlite:"):])
     wall, out = run_timed([sys.executable, "-m", "tunecore.cli", "run", "--model", model, "--trials", str(trials),
                            "--search", search, "--cost-model", cost_model, "--measurer", "local", "--store", store,
-                           "--seed", str(seed), "--json", *[a for o in options for a in ("-O", o)]])
+                           "--seed", str(seed), "--json", *extra_args])
     summary = json.loads(out)
     return {"wall_s": wall, "measured": summary["trials_measured"], "errors": summary["errors"],
             "ok": summary["trials_measured"] - summary["errors"], "best_latency_s": summary["tasks"][0]["best_latency_s"],
