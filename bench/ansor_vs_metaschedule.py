@@ -19,7 +19,8 @@ the same process right after.
                                           [--tunecore-args "-O search.time_ratio=1 --round-size 64"]
 
 Resumable: finished runs are kept in --work (default: a directory under /tmp) and skipped when
-the command is repeated on the same kind of machine (CPU model, target); runs made on another are redone. Writes bench/results/ansor_vs_metaschedule.{json,md}.
+the command is repeated on the same kind of machine (CPU model, target); runs made on another are
+redone. Writes bench/results/ansor_vs_metaschedule.{json,md}.
 """
 
 from __future__ import annotations
@@ -129,7 +130,10 @@ def main() -> None:
         print(f"  {key}: {r['wall_s']:.0f} s, best {r['best_latency_s'] * 1e3:.3f} ms during the run", file=sys.stderr)
         return r
 
-    extra = shlex.split(args.tunecore_args)
+    try:
+        extra = shlex.split(args.tunecore_args)
+    except ValueError as error:
+        parser.error(f"--tunecore-args: {error}")
     tunecore = " ".join(["tunecore", *extra])  # the key of its runs in runs.json
     ops = {}
     for op in args.ops.split(","):

@@ -24,6 +24,10 @@ def run_timed(args: list[str]) -> tuple[float, str]:
     started = time.perf_counter()
     result = subprocess.run(args, capture_output=True, text=True)
     wall = time.perf_counter() - started
+    if result.returncode == 2:  # the child refused its arguments: its one line says why
+        lines = result.stderr.strip().splitlines()
+        print(lines[-1] if lines else f"{' '.join(args)}: bad arguments", file=sys.stderr)
+        raise SystemExit(2)
     if result.returncode != 0:
         raise SystemExit(f"benchmark child failed ({result.returncode}): {' '.join(args)}\n{result.stderr[-3000:]}")
     return wall, result.stdout

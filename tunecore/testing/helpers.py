@@ -65,18 +65,18 @@ def remeasure_together(task: Task, programs: dict[str, Sequence[Candidate]], pas
 
     from tunecore.measure.local import LocalMeasurer
 
-    flat = [(name, i, c) for name, group in programs.items() for i, c in enumerate(group)]
+    flat = [(name, c) for name, group in programs.items() for c in group]
     timings = np.full((passes, len(flat)), np.inf)
     order = np.random.default_rng(seed)
     measurer = LocalMeasurer(task.target, screen=0, repeat=5, min_repeat_ms=50)
     try:
         for p in range(passes):
             permutation = order.permutation(len(flat))
-            results = measurer.measure(task, [flat[j][2] for j in permutation])
+            results = measurer.measure(task, [flat[j][1] for j in permutation])
             for j, r in zip(permutation, results):
                 if r.latency is not None:
                     timings[p, j] = r.latency
     finally:
         measurer.close()
     medians = np.median(timings, axis=0)
-    return {name: sorted(float(medians[j]) for j, (n, _, _) in enumerate(flat) if n == name) for name in programs}
+    return {name: sorted(float(m) for m, (n, _) in zip(medians, flat) if n == name) for name in programs}
