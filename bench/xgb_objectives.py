@@ -150,7 +150,7 @@ def metaschedule_predict_seconds(task, measured: list, fresh: list, threads: int
     ok = [(c, r) for c, r in measured if r.latency is not None]
     model = ms.cost_model.XGBModel(num_warmup_samples=0)
     model.update(context, [ms.MeasureCandidate(c.sch, args) for c, _ in ok],
-                 [ms.runner.RunnerResult([tvm.tir.FloatImm("float64", s) for s in r.run_secs], None) for _, r in ok])
+                 [ms.runner.RunnerResult([tvm.tirx.FloatImm("float64", s) for s in r.run_secs], None) for _, r in ok])
     candidates = [ms.MeasureCandidate(c.sch, args) for c in fresh]
     started = time.perf_counter()
     ms.feature_extractor.PerStoreFeature(extract_workload=False).extract_from(context, candidates)
