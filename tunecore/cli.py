@@ -79,6 +79,24 @@ def build_parser() -> argparse.ArgumentParser:
     comp = sub.add_parser("compile", help="build a workload with its best records; check and time it")
     _add_common(comp)
     comp.add_argument("--output", "-o", default=None, help="write the tuned library here (.so)")
+
+    bench = sub.add_parser("bench", help="a matrix of models x searches x cost models x seeds (resumable)")
+    bench.add_argument("--model", "-m", required=True, help="workloads, comma-separated (as for `run`)")
+    bench.add_argument("--search", default="random", help="search policies, comma-separated")
+    bench.add_argument("--cost-model", default="none", help="cost models, comma-separated")
+    bench.add_argument("--trials", "-n", type=int, required=True, help="measured candidates per cell")
+    bench.add_argument("--seeds", type=int, default=1, help="cells per combination, seeds 0..K-1")
+    bench.add_argument("--out", "-o", default="bench-out", help="results directory (default: bench-out)")
+    bench.add_argument("--store", "-s", default=None,
+                       help="a SQLite store every cell starts from a copy of (default: cells start empty)")
+    bench.add_argument("--target", "-t", default="llvm", help="as for `run` (default: llvm)")
+    bench.add_argument("--measurer", default="local")
+    bench.add_argument("--scheduler", choices=["gradient", "round-robin"], default="gradient")
+    bench.add_argument("--option", "-O", action="append", metavar="ROLE.KEY=VALUE", help="as for `run`, every cell")
+    bench.add_argument("--no-e2e", action="store_true", help="skip compiling and timing networks after tuning")
+
+    report = sub.add_parser("report", help="render a bench directory as one self-contained HTML page")
+    report.add_argument("directory")
     return parser
 
 
@@ -342,7 +360,58 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = {"run": cmd_run, "tasks": cmd_tasks, "plugins": cmd_plugins, "records": cmd_records, "compile": cmd_compile}
+# bench, report
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from tunecore import bench, report, session
+
+    if args.seeds < 1:
+        raise UsageError("--seeds must be >= 1")
+    cells = bench.plan(bench.split_list(args.model, "--model"), bench.split_list(args.search, "--search"),
+                       bench.split_list(args.cost_model, "--cost-model"), args.seeds)
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[note]}"), TimeElapsedColumn(), console=_console(stderr=True))
+    matrix = progress.add_task("cells", total=len(cells), note="")
+    cell_bar = progress.add_task("trials", total=args.trials, note="")
+
+    def on_cell(index: int, cell: Any, skipped: bool) -> None:
+        progress.start()  # only once the matrix was checked: a refused command prints one line
+        progress.update(matrix, completed=index, note=cell.id + (" (finished earlier)" if skipped else ""))
+        progress.reset(cell_bar, total=args.trials)
+
+    def on_round(r: Any) -> None:
+        best = "-" if r.estimated_latency is None else f"{r.estimated_latency * 1e3:.4g} ms"
+        progress.update(cell_bar, total=r.budget, completed=r.measured, note=f"best {best}, errors {r.errors}")
+
+    try:
+        results = bench.run_matrix(cells, trials=args.trials, out=args.out, target=args.target, measurer=args.measurer,
+                                   options=session.parse_options(args.option), scheduler=args.scheduler,
+                                   seed_store=args.store, e2e=not args.no_e2e, on_cell=on_cell, on_round=on_round)
+        progress.update(matrix, completed=len(cells), note="")
+    finally:
+        progress.stop()
+    report.write_markdown_and_plots(results, args.out)
+    print(report.markdown(results))
+    print(f"wrote {args.out}/results.json, results.md, plots/; `tunecore report {args.out}` renders an HTML page",
+          file=sys.stderr)
+    return 0 if all(c["status"] == "finished" for c in results["cells"].values()) else 1
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from tunecore import bench, report
+
+    results = bench.load_results(args.directory)
+    if results is None:
+        raise UsageError(f"{args.directory}: no {bench.RESULTS} (run `tunecore bench --out {args.directory}` first)")
+    print(report.write_html(results, args.directory))
+    return 0
+
+
+_COMMANDS = {"run": cmd_run, "tasks": cmd_tasks, "plugins": cmd_plugins, "records": cmd_records, "compile": cmd_compile,
+             "bench": cmd_bench, "report": cmd_report}
 
 if __name__ == "__main__":
     sys.exit(main())

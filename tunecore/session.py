@@ -103,8 +103,12 @@ def tune(
     round_size: int | None = None,
     on_round: Callable | None = None,
     on_tasks: Callable | None = None,
+    run_info: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Tune a workload until the store holds ``trials`` records for its tasks; returns the run summary."""
+    """Tune a workload until the store holds ``trials`` records for its tasks; returns the run summary.
+
+    ``run_info`` is kept with the run in the store (``tunecore bench`` marks its cells' runs with it).
+    """
     from tunecore.targets import resolve_target, target_to_json
     from tunecore.tuner import Tuner
     from tunecore.workloads import extract_tasks, load_workload
@@ -121,6 +125,6 @@ def tune(
             on_tasks(tasks)
         tuner = Tuner(search=policy, cost_model=cost, store=record_store, measurer=runner, seed=seed,
                       scheduler=scheduler, round_size=round_size, plugin_manager=registry.pm, on_round=on_round)
-        info = {"model": workload.name, "target": target_to_json(tvm_target), "search": search,
+        info = {**(run_info or {}), "model": workload.name, "target": target_to_json(tvm_target), "search": search,
                 "cost_model": cost_model, "measurer": measurer, "store": store or DEFAULT_STORE, "options": options or {}}
         return tuner.tune(tasks, trials, info)

@@ -1,0 +1,109 @@
+"""`tunecore bench` and `tunecore report`: a tiny real matrix, its files, and resuming after an interruption."""
+
+import json
+import os
+
+import pytest
+
+from conftest import assert_one_line_exit_2, run_cli
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_tiny_matrix_writes_every_output_and_a_report(tmp_path):
+    out = str(tmp_path / "m")
+    result = run_cli("bench", "--model", "op:matmul-64", "--search", "random,ansor", "--cost-model", "none",
+                     "--trials", "8", "--seeds", "1", "--out", out)
+    assert result.returncode == 0, result.stderr
+
+    results = json.load(open(os.path.join(out, "results.json")))
+    assert results["format"] == "tunecore-bench" and results["trials"] == 8
+    env = results["environment"]
+    assert env["cores"] >= 1 and env["target"]["kind"] == "llvm" and env["versions"]["apache-tvm"]
+    assert {"tunecore", "tunecore-ansor-search"} <= {p["distribution"] for p in env["plugins"]}
+    assert set(results["cells"]) == {"op:matmul-64 | random | none | seed 0", "op:matmul-64 | ansor | none | seed 0"}
+    for cell in results["cells"].values():
+        assert cell["status"] == "finished" and cell["error"] is None
+        assert cell["trials_total"] == 8
+        assert os.path.exists(os.path.join(out, cell["store"]))
+        curve = cell["curve"]
+        assert curve["trials"][-1] == 8 and len(curve["trials"]) == len(curve["seconds"]) == len(curve["best_s"])
+        assert curve["best_s"] == sorted(curve["best_s"], reverse=True)  # best so far never gets worse
+        assert curve["seconds"] == sorted(curve["seconds"]) and curve["seconds"][-1] > 0
+        assert curve["best_s"][-1] == pytest.approx(cell["tasks"][0]["best_latency_s"])
+
+    md = open(os.path.join(out, "results.md")).read()
+    assert "| op:matmul-64 | random | none | 0 | finished | 8 (0) |" in md
+    assert "| op:matmul-64 | ansor+none | 1 |" in md
+    plots = sorted(os.listdir(os.path.join(out, "plots")))
+    assert plots == ["best_vs_seconds-op_matmul-64.png", "best_vs_trials-op_matmul-64.png"]
+    for name in plots:
+        with open(os.path.join(out, "plots", name), "rb") as f:
+            assert f.read(8) == PNG_MAGIC
+
+    report = run_cli("report", out)
+    assert report.returncode == 0, report.stderr
+    page = open(os.path.join(out, "report.html")).read()
+    assert page.count("data:image/png;base64,") == 2 and "<table>" in page and "ansor+none" in page
+    assert "src=\"http" not in page and "href=" not in page  # self-contained
+
+
+def test_an_interrupted_matrix_resumes_without_measuring_again(tmp_path):
+    from tunecore import bench
+    from tunecore.store.sqlite import SqliteStore
+
+    out = str(tmp_path / "m")
+    cells = bench.plan(["op:matmul-64"], ["random"], ["none"], seeds=2)
+    rounds = []
+
+    def interrupt_in_second_cell(report):
+        rounds.append(report)
+        if len(rounds) == 3:  # cell 0 took rounds 1-2 (16 trials, rounds of 8); stop after cell 1's first
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        bench.run_matrix(cells, trials=16, out=out, on_round=interrupt_in_second_cell)
+    results = bench.load_results(out)
+    assert list(results["cells"]) == [cells[0].id]  # the interrupted cell is not recorded as done
+
+    def records(cell):
+        store = SqliteStore(os.path.join(out, cell.store_path))
+        try:
+            (task,) = store.get_tasks()
+            return store.records(task.task_id), store.runs()
+        finally:
+            store.close()
+
+    before, _ = records(cells[1])
+    assert len(before) == 8
+
+    skipped = []
+    bench.run_matrix(cells, trials=16, out=out, on_cell=lambda i, c, s: skipped.append(s))
+    assert skipped == [True, False]
+    after, runs = records(cells[1])
+    assert len(after) == 16 and len({r.key for r in after}) == 16
+    assert {(r.key, r.measured_at) for r in before} <= {(r.key, r.measured_at) for r in after}  # kept, not redone
+    assert [r["summary"]["trials_measured"] for r in runs] == [8, 8]
+    first_cell_records, first_cell_runs = records(cells[0])
+    assert len(first_cell_records) == 16 and len(first_cell_runs) == 1  # the finished cell was not run again
+    cell = bench.load_results(out)["cells"][cells[1].id]
+    assert cell["status"] == "finished" and cell["curve"]["trials"][-1] == 16
+
+
+def test_bad_matrix_input_is_one_line_and_exit_2(tmp_path):
+    out = str(tmp_path / "m")
+    assert_one_line_exit_2(run_cli("bench", "--model", "op:matmul-64", "--search", "random,nosuch", "--trials", "4",
+                                   "--out", out), "nosuch")
+    assert not os.path.exists(os.path.join(out, "results.json"))
+    assert_one_line_exit_2(run_cli("bench", "--model", "op:matmul-64,", "--trials", "4", "--out", out), "--model")
+    assert_one_line_exit_2(run_cli("bench", "--model", "op:matmul-64", "--trials", "4", "--seeds", "0", "--out", out),
+                           "--seeds")
+    assert_one_line_exit_2(run_cli("report", str(tmp_path / "nothing")), "results.json")
+    os.makedirs(out)
+    with open(os.path.join(out, "results.json"), "w") as f:
+        f.write("{not json")
+    assert_one_line_exit_2(run_cli("report", out), "not a tunecore bench result")
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump({"format": "tunecore-bench", "cells": {}, "settings": {"measurer": "rpc"}}, f)
+    assert_one_line_exit_2(run_cli("bench", "--model", "op:matmul-64", "--trials", "4", "--out", out),
+                           "other settings", "measurer", "another --out")
