@@ -100,6 +100,7 @@ def test_records_export_import_round_trip(tmp_path):
         (["run", "--model", "op:matmul-64", "--trials", "4", "--target", "nvidia/nosuch"], ["nvidia/nosuch"]),
         (["run", "--model", "op:matmul-64", "--trials", "4", "-O", "search.nosuch=1"], ["unknown option", "nosuch"]),
         (["run", "--model", "op:matmul-64", "--trials", "4", "-O", "nodot"], ["ROLE.KEY=VALUE"]),
+        (["run", "--model", "op:matmul-64", "--trials", "4", "-O", "xgb.min_data=3"], ["NAME.KEY=VALUE", "random, none, local"]),
         (["run", "--model", "op:matmul-64"], ["--trials"]),
         (["records", "list", "--store", "does-not-exist.db"], ["no such store"]),
         (["compile", "--model", "op:matmul-64", "--store", "does-not-exist.db"], ["no such store"]),
@@ -110,7 +111,17 @@ def test_mistakes_are_one_line_and_exit_2(args, fragments, tmp_path):
     assert_one_line_exit_2(run_cli(*args, "--store", "memory:") if args[0] == "run" else run_cli(*args, cwd=tmp_path), *fragments)
 
 
-def test_broken_onnx_file_isassert_one_line_exit_2(tmp_path):
+def test_options_apply_by_role_or_by_component_name():
+    from tunecore.session import options_for, parse_options
+
+    options = parse_options(["search.population=64", "ansor.iterations=2", "cost-model.rounds=5", "ansor.population=8"],
+                            ["random", "ansor", "xgb"])
+    assert options_for(options, "search", "ansor") == {"population": 8, "iterations": 2}  # its own option wins
+    assert options_for(options, "search", "random") == {"population": 64}
+    assert options_for(options, "cost_model", "xgb") == {"rounds": 5}
+
+
+def test_broken_onnx_file_is_one_line_and_exit_2(tmp_path):
     broken = tmp_path / "broken.onnx"
     broken.write_bytes(b"this is not an onnx model")
     assert_one_line_exit_2(run_cli("run", "--model", str(broken), "--trials", "4", "--store", "memory:"), "not a valid ONNX model")

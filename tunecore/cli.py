@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="how trials are spread over a network's tasks (default: gradient, as in Ansor)")
     run.add_argument("--round-size", type=int, default=None, help="candidates per round (default: by budget)")
     run.add_argument("--option", "-O", action="append", metavar="ROLE.KEY=VALUE",
-                     help="component option, e.g. -O measurer.repeat=5 -O search.population=128")
+                     help="component option: ROLE.KEY=VALUE or NAME.KEY=VALUE, e.g. -O measurer.repeat=5 -O ansor.population=128")
 
     tasks = sub.add_parser("tasks", help="list a workload's tuning tasks")
     _add_common(tasks, store=False)
@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--target", "-t", default="llvm", help="as for `run` (default: llvm)")
     bench.add_argument("--measurer", default="local")
     bench.add_argument("--scheduler", choices=["gradient", "round-robin"], default="gradient")
-    bench.add_argument("--option", "-O", action="append", metavar="ROLE.KEY=VALUE", help="as for `run`, every cell")
+    bench.add_argument("--option", "-O", action="append", metavar="ROLE.KEY=VALUE", help="as for `run`; NAME.KEY applies only to the component NAME, e.g. -O ansor.population=64")
     bench.add_argument("--no-e2e", action="store_true", help="skip compiling and timing networks after tuning")
 
     report = sub.add_parser("report", help="render a bench directory as one self-contained HTML page")
@@ -142,7 +142,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from tunecore import session
 
-    options = session.parse_options(args.option)
+    options = session.parse_options(args.option, [args.search, args.cost_model, args.measurer])
     progress = Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -370,8 +370,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if args.seeds < 1:
         raise UsageError("--seeds must be >= 1")
-    cells = bench.plan(bench.split_list(args.model, "--model"), bench.split_list(args.search, "--search"),
-                       bench.split_list(args.cost_model, "--cost-model"), args.seeds)
+    searches, cost_models = bench.split_list(args.search, "--search"), bench.split_list(args.cost_model, "--cost-model")
+    cells = bench.plan(bench.split_list(args.model, "--model"), searches, cost_models, args.seeds)
+    options = session.parse_options(args.option, [*searches, *cost_models, args.measurer])
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("{task.fields[note]}"), TimeElapsedColumn(), console=_console(stderr=True))
     matrix = progress.add_task("cells", total=len(cells), note="")
@@ -388,7 +389,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     try:
         results = bench.run_matrix(cells, trials=args.trials, out=args.out, target=args.target, measurer=args.measurer,
-                                   options=session.parse_options(args.option), scheduler=args.scheduler,
+                                   options=options, scheduler=args.scheduler,
                                    seed_store=args.store, e2e=not args.no_e2e, on_cell=on_cell, on_round=on_round)
         progress.update(matrix, completed=len(cells), note="")
     finally:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from tunecore.errors import UsageError
 from tunecore.interfaces import CostModel, Measurer, RecordStore, SearchPolicy
@@ -25,17 +25,29 @@ def open_store(url: str | None, registry: Registry | None = None, *, create: boo
     return registry.get("store", name)(location)
 
 
-def parse_options(pairs: list[str] | None) -> dict[str, dict[str, Any]]:
-    """``["search.population=64", "measurer.repeat=5"]`` -> {"search": {"population": 64}, ...}."""
+def parse_options(pairs: list[str] | None, components: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
+    """``["search.population=64", "xgb.min_data=32"]`` -> {"search": {"population": 64}, "xgb": {"min_data": 32}}.
+
+    A key is ROLE.KEY (for whichever component fills the role) or NAME.KEY, for the component of
+    that name only -- so ``tunecore bench --search random,ansor -O ansor.population=64`` leaves
+    ``random`` alone. ``components`` are the names this command uses; another NAME is refused.
+    """
     roles = {"search": "search", "cost_model": "cost_model", "cost-model": "cost_model", "measurer": "measurer"}
     options: dict[str, dict[str, Any]] = {"search": {}, "cost_model": {}, "measurer": {}}
     for pair in pairs or []:
         key, sep, raw = pair.partition("=")
-        role, dot, name = key.partition(".")
-        if not (sep and dot and name and role in roles):
-            raise UsageError(f"--option {pair!r}: expected ROLE.KEY=VALUE with ROLE one of search, cost_model, measurer")
-        options[roles[role]][name.replace("-", "_")] = _parse_value(raw)
+        scope, dot, name = key.partition(".")
+        if not (sep and dot and name and (scope in roles or scope in components)):
+            raise UsageError(f"--option {pair!r}: expected ROLE.KEY=VALUE with ROLE one of search, cost_model, "
+                             f"measurer, or NAME.KEY=VALUE with NAME one of {', '.join(components) or 'the components used'}")
+        options.setdefault(roles.get(scope, scope), {})[name.replace("-", "_")] = _parse_value(raw)
     return options
+
+
+def options_for(options: dict[str, dict[str, Any]] | None, role: str, name: str) -> dict[str, Any]:
+    """The keyword arguments of the component ``name`` filling ``role``: role-wide, then its own."""
+    options = options or {}
+    return {**options.get(role, {}), **(options.get(name, {}) if name != role else {})}
 
 
 def _parse_value(raw: str) -> Any:
@@ -75,12 +87,12 @@ def components(
     try:
         record_store = open_store(store, registry)
         opened.append(record_store)
-        model = _construct(registry, "cost_model", cost_model, seed=seed, **options.get("cost_model", {}))
+        model = _construct(registry, "cost_model", cost_model, seed=seed, **options_for(options, "cost_model", cost_model))
         opened.append(model)
         policy = _construct(registry, "search", search, cost_model=model, store=record_store, seed=seed,
-                            **options.get("search", {}))
+                            **options_for(options, "search", search))
         opened.append(policy)
-        runner = _construct(registry, "measurer", measurer, target, **options.get("measurer", {}))
+        runner = _construct(registry, "measurer", measurer, target, **options_for(options, "measurer", measurer))
         opened.append(runner)
         yield policy, model, record_store, runner
     finally:
