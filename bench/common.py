@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -97,17 +96,11 @@ def _metaschedule_child(model: str, trials: int, seed: int, work_dir: str, strat
 
 
 def environment() -> dict:
-    import importlib.metadata
+    """CPU, cores, target, device attributes, versions and plugins (as `tunecore bench` records them)."""
+    from tunecore.bench import environment as bench_environment
+    from tunecore.targets import resolve_target
 
-    from tunecore.targets import device_descriptor, resolve_target, target_to_json
-
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "")
-    target = resolve_target("llvm")
-    return {
-        "cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "target": json.loads(target_to_json(target)),
-        "device": device_descriptor(target),
-        "versions": {d: importlib.metadata.version(d) for d in ("apache-tvm", "apache-tvm-ffi", "tunecore")},
-    }
+    return bench_environment(resolve_target("llvm"))
 
 
 def command_line(script: str) -> str:

@@ -1,0 +1,215 @@
+"""End to end: the same networks run by PyTorch, onnxruntime, TVM untuned and TVM tuned by tunecore.
+
+One definition per network: torchvision's model with seeded random weights, exported to ONNX. PyTorch
+runs the module (eager, and `torch.compile` where it works here); onnxruntime and TVM run the ONNX
+file, which tunecore tunes with `tunecore run --model NET.onnx` (a child process, timed) and builds
+with the best records like `tunecore compile`. Every variant's output is checked against PyTorch's;
+all variants use the target's core count as threads and are timed in one process, in alternating
+passes (a pass: calls for at least 0.3 s, median), the latency is the median over passes.
+
+    pip install torch==2.13.0 torchvision onnxruntime   # the benchmark's extras, not tunecore's
+    python bench/e2e.py [--models resnet-18,mobilenet-v2] [--search ansor] [--cost-model xgb] [--trials 1000]
+
+Resumable: the ONNX files, stores and tuning times are kept in --work. Writes bench/results/e2e.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import common  # noqa: E402
+from common import command_line, environment, write_results  # noqa: E402
+
+INPUT_SHAPE = (1, 3, 224, 224)
+
+
+def torch_model(name: str) -> Any:
+    import torch
+    import torchvision
+
+    torch.manual_seed(0)
+    builders = {"resnet-18": torchvision.models.resnet18, "mobilenet-v2": torchvision.models.mobilenet_v2}
+    if name not in builders:
+        raise SystemExit(f"--models: unknown network {name!r}; known: {', '.join(builders)}")
+    return builders[name](weights=None).eval()
+
+
+def export_onnx(model: Any, example: Any, path: str) -> None:
+    import torch
+
+    if not os.path.exists(path):
+        torch.onnx.export(model, (example,), path + ".tmp", input_names=["input"], output_names=["output"],
+                          opset_version=17, dynamo=False)
+        os.replace(path + ".tmp", path)
+
+
+def tune(onnx_path: str, store: str, search: str, cost_model: str, trials: int, done: dict, done_path: str) -> dict:
+    key = f"{onnx_path} {search} {cost_model} {trials}"
+    if key not in done:
+        print(f"tuning {os.path.basename(onnx_path)} with {search}+{cost_model}, {trials} trials ...", file=sys.stderr, flush=True)
+        done[key] = common.run_tunecore(onnx_path, trials, 0, search=search, cost_model=cost_model, store=f"sqlite:{store}")
+        with open(done_path, "w") as f:
+            json.dump(done, f, indent=2)
+    return done[key]
+
+
+def variants(name: str, model: Any, x: np.ndarray, onnx_path: str, store: str, threads: int) -> dict[str, Callable]:
+    """name -> a function running one inference and returning the output as numpy (or raising)."""
+    import onnxruntime as ort
+    import torch
+
+    from tunecore.compile import Runnable, best_database, build
+    from tunecore.store.sqlite import SqliteStore
+    from tunecore.targets import resolve_target
+    from tunecore.workloads import extract_tasks, load_workload
+    from tvm.s_tir import meta_schedule as ms
+
+    torch.set_num_threads(threads)
+    tx = torch.from_numpy(x)
+    out: dict[str, Callable] = {}
+
+    def eager() -> np.ndarray:
+        with torch.inference_mode():
+            return model(tx).numpy()
+
+    out["pytorch eager"] = eager
+    try:
+        compiled = torch.compile(model)
+        with torch.inference_mode():
+            compiled(tx)  # compiles here, outside the timing
+
+        def run_compiled() -> np.ndarray:
+            with torch.inference_mode():
+                return compiled(tx).numpy()
+
+        out["pytorch torch.compile"] = run_compiled
+    except Exception as error:
+        out["pytorch torch.compile"] = _failing(f"{type(error).__name__}: {str(error).splitlines()[0][:200]}")
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    session = ort.InferenceSession(onnx_path, options, providers=["CPUExecutionProvider"])
+    out["onnxruntime"] = lambda: session.run(None, {"input": x})[0]
+
+    target = resolve_target("llvm")
+    workload = load_workload(onnx_path)
+    store_db = SqliteStore(store)
+    try:
+        database, covered = best_database(store_db, extract_tasks(workload, target), target)
+    finally:
+        store_db.close()
+    for label, db in (("tvm untuned", ms.database.MemoryDatabase()), (f"tvm tuned ({covered} tasks)", database)):
+        runnable = Runnable(build(workload, target, db), workload, target, [x])
+        out[label] = lambda r=runnable: r.outputs()[0]
+    return out
+
+
+def _failing(message: str) -> Callable:
+    def run() -> np.ndarray:
+        raise RuntimeError(message)
+    return run
+
+
+def time_together(functions: dict[str, Callable], reference: np.ndarray, passes: int) -> dict[str, dict]:
+    results: dict[str, dict] = {}
+    for name, f in functions.items():
+        try:
+            got = f()
+            error = float(np.max(np.abs(got - reference)) / max(1e-6, float(np.max(np.abs(reference)))))
+            results[name] = {"max_relative_error": error, "passes_ms": []}
+        except Exception as e:
+            results[name] = {"error": str(e)}
+    live = [n for n in functions if "error" not in results[n]]
+    for p in range(passes):
+        for name in live if p % 2 == 0 else reversed(live):
+            times, started = [], time.perf_counter()
+            while time.perf_counter() - started < 0.3 or len(times) < 2:
+                t = time.perf_counter()
+                functions[name]()
+                times.append(time.perf_counter() - t)
+            results[name]["passes_ms"].append(float(np.median(times)) * 1e3)
+    for name in live:
+        results[name]["latency_ms"] = float(np.median(results[name]["passes_ms"]))
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="resnet-18,mobilenet-v2")
+    parser.add_argument("--search", default="ansor")
+    parser.add_argument("--cost-model", default="xgb")
+    parser.add_argument("--trials", type=int, default=1000)
+    parser.add_argument("--passes", type=int, default=5)
+    parser.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "tunecore-bench-e2e"))
+    parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    args = parser.parse_args()
+
+    import torch
+
+    from tunecore.targets import resolve_target, use_target_threads
+
+    threads = use_target_threads(resolve_target("llvm"))
+    os.makedirs(args.work, exist_ok=True)
+    done_path = os.path.join(args.work, "tuning.json")
+    done = json.load(open(done_path)) if os.path.exists(done_path) else {}
+    networks = {}
+    for name in args.models.split(","):
+        model = torch_model(name)
+        x = np.random.default_rng(0).uniform(-1, 1, INPUT_SHAPE).astype("float32")
+        onnx_path = os.path.join(args.work, f"{name}.onnx")
+        export_onnx(model, torch.from_numpy(x), onnx_path)
+        store = os.path.join(args.work, f"{name}-{args.search}-{args.cost_model}-{args.trials}.db")
+        tuning = tune(onnx_path, store, args.search, args.cost_model, args.trials, done, done_path)
+        functions = variants(name, model, x, onnx_path, store, threads)
+        with torch.inference_mode():
+            reference = model(torch.from_numpy(x)).numpy()
+        print(f"timing {name} ...", file=sys.stderr, flush=True)
+        networks[name] = {"tuning": tuning, "variants": time_together(functions, reference, args.passes)}
+
+    report = {"benchmark": "e2e", "search": args.search, "cost_model": args.cost_model, "trials": args.trials,
+              "threads": threads, "passes": args.passes, "networks": networks, "environment": environment(),
+              "versions": _versions(), "command": command_line("e2e.py")}
+    write_results(args.out, "e2e", report, markdown(report))
+
+
+def _versions() -> dict[str, str]:
+    import importlib.metadata
+
+    return {d: importlib.metadata.version(d) for d in ("torch", "torchvision", "onnxruntime")}
+
+
+def markdown(report: dict) -> str:
+    env = report["environment"]
+    lines = [f"# End to end: {', '.join(report['networks'])}", "",
+             f"CPU: {env['cpu']}, {report['threads']} threads for every variant; TVM {env['versions']['apache-tvm']}, "
+             + ", ".join(f"{k} {v}" for k, v in report["versions"].items()) + f". Command: `{report['command']}`.", "",
+             f"tunecore: `--search {report['search']} --cost-model {report['cost_model']} --trials {report['trials']}` "
+             f"on the ONNX export. Latency: median of {report['passes']} alternating passes, all variants in one process; "
+             "outputs checked against PyTorch eager.", "",
+             "| network | variant | ms | vs PyTorch eager | max rel. error vs PyTorch |", "|---|---|---:|---:|---:|"]
+    for name, net in report["networks"].items():
+        eager = net["variants"]["pytorch eager"].get("latency_ms")
+        for variant, v in net["variants"].items():
+            if "error" in v:
+                lines.append(f"| {name} | {variant} | failed: {v['error']} | - | - |")
+            else:
+                lines.append(f"| {name} | {variant} | {v['latency_ms']:.2f} | {eager / v['latency_ms']:.2f}x "
+                             f"| {v['max_relative_error']:.1g} |")
+        t = net["tuning"]
+        lines.append(f"| {name} | (tuning: {t['measured']} trials, {t['errors']} failed, {t['wall_s']:.0f} s) | | | |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
