@@ -1,13 +1,14 @@
 """End to end: the same networks run by PyTorch, onnxruntime, TVM untuned and TVM tuned by tunecore.
 
-One definition per network: torchvision's model with seeded random weights, exported to ONNX. PyTorch
+One definition per network: torchvision's ResNet-18 / MobileNetV2 or transformers' BERT-base
+(sequence length 128), with seeded random weights, exported to ONNX. PyTorch
 runs the module (eager, and `torch.compile` where it works here); onnxruntime and TVM run the ONNX
 file, which tunecore tunes with `tunecore run --model NET.onnx` (a child process, timed) and builds
 with the best records like `tunecore compile`. Every variant's output is checked against PyTorch's;
 all variants use the target's core count as threads and are timed in one process, in alternating
 passes (a pass: calls for at least 0.3 s, median), the latency is the median over passes.
 
-    pip install torch==2.13.0 torchvision onnxruntime   # the benchmark's extras, not tunecore's
+    pip install torch==2.13.0 torchvision onnxruntime [transformers]   # the benchmark's extras, not tunecore's
     python bench/e2e.py [--models resnet-18,mobilenet-v2] [--search ansor] [--cost-model xgb] [--trials 1000]
 
 Resumable: the ONNX files, stores and tuning times are kept in --work. Writes bench/results/e2e.{json,md}.
@@ -30,18 +31,30 @@ sys.path.insert(0, HERE)
 import common  # noqa: E402
 from common import command_line, environment, write_results  # noqa: E402
 
-INPUT_SHAPE = (1, 3, 224, 224)
-
-
-def torch_model(name: str) -> Any:
+def network(name: str) -> tuple[Any, np.ndarray]:
+    """The torch module (seeded random weights, eval mode) and an input for it."""
     import torch
-    import torchvision
 
     torch.manual_seed(0)
-    builders = {"resnet-18": torchvision.models.resnet18, "mobilenet-v2": torchvision.models.mobilenet_v2}
-    if name not in builders:
-        raise SystemExit(f"--models: unknown network {name!r}; known: {', '.join(builders)}")
-    return builders[name](weights=None).eval()
+    rng = np.random.default_rng(0)
+    if name in ("resnet-18", "mobilenet-v2"):
+        import torchvision
+
+        build = {"resnet-18": torchvision.models.resnet18, "mobilenet-v2": torchvision.models.mobilenet_v2}[name]
+        return build(weights=None).eval(), rng.uniform(-1, 1, (1, 3, 224, 224)).astype("float32")
+    if name == "bert-base":  # sequence length 128, as in the zoo
+        import transformers
+
+        class Bert(torch.nn.Module):  # the last hidden state as one tensor, for ONNX and comparison
+            def __init__(self) -> None:
+                super().__init__()
+                self.bert = transformers.BertModel(transformers.BertConfig(), add_pooling_layer=False)
+
+            def forward(self, input_ids: Any) -> Any:
+                return self.bert(input_ids=input_ids).last_hidden_state
+
+        return Bert().eval(), rng.integers(0, 30522, (1, 128)).astype("int64")
+    raise SystemExit(f"--models: unknown network {name!r}; known: resnet-18, mobilenet-v2, bert-base")
 
 
 def export_onnx(model: Any, example: Any, path: str) -> None:
@@ -164,8 +177,7 @@ def main() -> None:
     done = json.load(open(done_path)) if os.path.exists(done_path) else {}
     networks = {}
     for name in args.models.split(","):
-        model = torch_model(name)
-        x = np.random.default_rng(0).uniform(-1, 1, INPUT_SHAPE).astype("float32")
+        model, x = network(name)
         onnx_path = os.path.join(args.work, f"{name}.onnx")
         export_onnx(model, torch.from_numpy(x), onnx_path)
         store = os.path.join(args.work, f"{name}-{args.search}-{args.cost_model}-{args.trials}.db")
@@ -185,7 +197,13 @@ def main() -> None:
 def _versions() -> dict[str, str]:
     import importlib.metadata
 
-    return {d: importlib.metadata.version(d) for d in ("torch", "torchvision", "onnxruntime")}
+    versions = {}
+    for d in ("torch", "torchvision", "onnxruntime", "transformers"):
+        try:
+            versions[d] = importlib.metadata.version(d)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return versions
 
 
 def markdown(report: dict) -> str:
