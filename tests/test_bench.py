@@ -107,3 +107,20 @@ def test_bad_matrix_input_is_one_line_and_exit_2(tmp_path):
         json.dump({"format": "tunecore-bench", "cells": {}, "settings": {"measurer": "rpc"}}, f)
     assert_one_line_exit_2(run_cli("bench", "--model", "op:matmul-64", "--trials", "4", "--out", out),
                            "other settings", "measurer", "another --out")
+
+
+def test_a_network_cell_is_compiled_and_timed_end_to_end(tmp_path):
+    from tunecore import bench, report
+
+    out = str(tmp_path / "m")
+    (cell,) = bench.plan(["zoo:bert-tiny"], ["random"], ["none"], seeds=1)
+    results = bench.run_matrix([cell], trials=14, out=out)  # 14 tasks: one trial each
+    entry = results["cells"][cell.id]
+    assert entry["status"] == "finished" and entry["trials_total"] == 14
+    e2e = entry["e2e"]
+    assert e2e["outputs_match"] and e2e["tasks_tuned"] == e2e["tasks_total"] == 14
+    assert e2e["latency_ms"] > 0 and results["untuned"]["zoo:bert-tiny"] == e2e["untuned_latency_ms"]
+    # a network's curve is the estimate: sum over tasks of weight x best, defined once every task has a success
+    assert entry["curve"]["trials"] == [14]
+    assert entry["curve"]["best_s"][-1] * 1e3 == pytest.approx(entry["estimated_latency_ms"])
+    assert "| zoo:bert-tiny | random | none | 0 | finished | 14 (0) |" in report.markdown(results)
