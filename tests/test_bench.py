@@ -114,13 +114,13 @@ def test_a_network_cell_is_compiled_and_timed_end_to_end(tmp_path):
 
     out = str(tmp_path / "m")
     (cell,) = bench.plan(["zoo:bert-tiny"], ["random"], ["none"], seeds=1)
-    results = bench.run_matrix([cell], trials=14, out=out)  # 14 tasks: one trial each
+    results = bench.run_matrix([cell], trials=42, out=out)  # 14 tasks
     entry = results["cells"][cell.id]
-    assert entry["status"] == "finished" and entry["trials_total"] == 14
+    assert entry["status"] == "finished" and entry["trials_total"] == 42
     e2e = entry["e2e"]
     assert e2e["outputs_match"] and e2e["tasks_tuned"] == e2e["tasks_total"] == 14
     assert e2e["latency_ms"] > 0 and results["untuned"]["zoo:bert-tiny"] == e2e["untuned_latency_ms"]
     # a network's curve is the estimate: sum over tasks of weight x best, defined once every task has a success
-    assert entry["curve"]["trials"] == [14]
+    assert entry["curve"]["trials"][-1] == 42
     assert entry["curve"]["best_s"][-1] * 1e3 == pytest.approx(entry["estimated_latency_ms"])
-    assert "| zoo:bert-tiny | random | none | 0 | finished | 14 (0) |" in report.markdown(results)
+    assert "| zoo:bert-tiny | random | none | 0 | finished | 42 (0) |" in report.markdown(results)
