@@ -1,14 +1,14 @@
 """End to end: the same networks run by PyTorch, onnxruntime, TVM untuned and TVM tuned by tunecore.
 
-One definition per network: torchvision's ResNet-18 / MobileNetV2 or transformers' BERT-base
-(sequence length 128), with seeded random weights, exported to ONNX. PyTorch
+One definition per network: ResNet-18 / MobileNetV2 in plain torch (bench/torch_nets.py) or
+transformers' BERT-base (sequence length 128), with seeded random weights, exported to ONNX. PyTorch
 runs the module (eager, and `torch.compile` where it works here); onnxruntime and TVM run the ONNX
 file, which tunecore tunes with `tunecore run --model NET.onnx` (a child process, timed) and builds
 with the best records like `tunecore compile`. Every variant's output is checked against PyTorch's;
 all variants use the target's core count as threads and are timed in one process, in alternating
 passes (a pass: calls for at least 0.3 s, median), the latency is the median over passes.
 
-    pip install torch==2.13.0 torchvision onnxruntime [transformers]   # the benchmark's extras, not tunecore's
+    pip install torch==2.13.0 onnxruntime [transformers]   # the benchmark's extras, not tunecore's
     python bench/e2e.py [--models resnet-18,mobilenet-v2] [--search ansor] [--cost-model xgb] [--trials 1000]
 
 Resumable: the ONNX files, stores and tuning times are kept in --work. Writes bench/results/e2e.{json,md}.
@@ -38,10 +38,10 @@ def network(name: str) -> tuple[Any, np.ndarray]:
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
     if name in ("resnet-18", "mobilenet-v2"):
-        import torchvision
+        from torch_nets import MobileNetV2, ResNet18
 
-        build = {"resnet-18": torchvision.models.resnet18, "mobilenet-v2": torchvision.models.mobilenet_v2}[name]
-        return build(weights=None).eval(), rng.uniform(-1, 1, (1, 3, 224, 224)).astype("float32")
+        build = {"resnet-18": ResNet18, "mobilenet-v2": MobileNetV2}[name]
+        return build().eval(), rng.uniform(-1, 1, (1, 3, 224, 224)).astype("float32")
     if name == "bert-base":  # sequence length 128, as in the zoo
         import transformers
 
@@ -198,7 +198,7 @@ def _versions() -> dict[str, str]:
     import importlib.metadata
 
     versions = {}
-    for d in ("torch", "torchvision", "onnxruntime", "transformers"):
+    for d in ("torch", "onnxruntime", "transformers"):
         try:
             versions[d] = importlib.metadata.version(d)
         except importlib.metadata.PackageNotFoundError:
