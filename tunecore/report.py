@@ -98,6 +98,7 @@ def write_plots(results: dict[str, Any], out: str) -> list[str]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     os.makedirs(os.path.join(out, PLOTS_DIR), exist_ok=True)
     models: dict[str, list[dict[str, Any]]] = {}
@@ -119,6 +120,9 @@ def write_plots(results: dict[str, Any], out: str) -> list[str]:
                 ax.step(xs, ys, where="post", color=colors[pair], linestyle=["-", "--", ":", "-."][c["seed"] % 4],
                         label=f"{pair} seed {c['seed']}")
             ax.set_yscale("log")  # first samples are often 10-100x slower than the best
+            plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")  # 6, 20, not 6x10^0, 2x10^1
+            ax.yaxis.set_major_formatter(plain)
+            ax.yaxis.set_minor_formatter(plain)
             ax.set_xlabel(label)
             ax.set_ylabel("best latency (ms)" + (", sum over tasks" if any(c.get("e2e") for c in cells) else ""))
             ax.set_title(f"{model}: best latency vs {label}")
@@ -154,6 +158,7 @@ def write_html(results: dict[str, Any], out: str) -> str:
             data = base64.b64encode(f.read()).decode()
         images.append(f'<img alt="{html.escape(path)}" src="data:image/png;base64,{data}">')
     untuned = "".join(f"<li>{html.escape(m)} untuned: {v:.4g} ms</li>" for m, v in results.get("untuned", {}).items())
+    environment = re.sub(r"`([^`]*)`", r"<code>\1</code>", html.escape(_environment_line(results)))  # markdown code
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>tunecore bench</title>
 <style>
@@ -164,7 +169,7 @@ th {{ background: #f3f3f3; }} td:nth-child(-n+3) {{ text-align: left; }}
 img {{ max-width: 48%; margin: 0.5em 1% 0.5em 0; border: 1px solid #eee; }}
 </style></head><body>
 <h1>tunecore bench: {results['trials']} trials per cell</h1>
-<p>{html.escape(_environment_line(results))}</p>
+<p>{environment}</p>
 <ul>{untuned}</ul>
 <h2>Median over seeds</h2>
 {table(MEDIAN_COLUMNS, median_rows(results))}
