@@ -8,7 +8,7 @@ with the best records like `tunecore compile`. Every variant's output is checked
 all variants use the target's core count as threads and are timed in one process, in alternating
 passes (a pass: calls for at least 0.3 s, median), the latency is the median over passes.
 
-    pip install torch==2.13.0 onnxruntime [transformers]   # the benchmark's extras, not tunecore's
+    .venv/bin/pip install -e ".[e2e]"   # torch==2.13.0 and onnxruntime; add transformers for bert-base
     python bench/e2e.py [--models resnet-18,mobilenet-v2] [--search ansor] [--cost-model xgb] [--trials 1000]
 
 Resumable: the ONNX files, stores and tuning times are kept in --work. Writes bench/results/e2e.{json,md}.
