@@ -11,6 +11,24 @@ import torch
 from torch import nn
 
 
+def _init_keeping_scale(model: nn.Module, linear_std: float | None) -> None:
+    """He initialisation over each output's inputs (fan-in), so activations keep their scale.
+
+    With PyTorch's default, and with torchvision's (fan-out, which gives a depthwise 3x3 filter of
+    96 channels std 0.05 for 9 inputs), MobileNetV2's activations shrink to 1e-8 by the last layer:
+    its output is then the classifier's bias, and comparing outputs across runtimes checks nothing.
+    """
+    for m in model.modules():
+        if isinstance(m, nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, mode="fan_in", nonlinearity="relu")
+        elif isinstance(m, nn.BatchNorm2d):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Linear) and linear_std is not None:
+            nn.init.normal_(m.weight, 0, linear_std)
+            nn.init.zeros_(m.bias)
+
+
 def _conv_bn(cin: int, cout: int, kernel: int, stride: int = 1, groups: int = 1, relu: str | None = "relu") -> nn.Sequential:
     layers: list[nn.Module] = [nn.Conv2d(cin, cout, kernel, stride, kernel // 2, groups=groups, bias=False),
                                nn.BatchNorm2d(cout)]
@@ -40,6 +58,7 @@ class ResNet18(nn.Module):
             cin = cout
         self.features = nn.Sequential(_conv_bn(3, 64, 7, 2), nn.MaxPool2d(3, 2, 1), *blocks)
         self.fc = nn.Linear(512, classes)
+        _init_keeping_scale(self, linear_std=None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(self.features(x), 1), 1))
@@ -73,6 +92,7 @@ class MobileNetV2(nn.Module):
         layers.append(_conv_bn(cin, 1280, 1, relu="relu6"))
         self.features = nn.Sequential(*layers)
         self.classifier = nn.Sequential(nn.Dropout(0.2), nn.Linear(1280, classes))
+        _init_keeping_scale(self, linear_std=0.01)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(torch.flatten(nn.functional.adaptive_avg_pool2d(self.features(x), 1), 1))
