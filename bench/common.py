@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from typing import Any, Callable
 
 # MetaSchedule's LocalBuilder starts a fresh process pool for every batch and each worker imports all
 # of tvm.s_tir.tensor_intrin first (37-46 s here): with the stock 30 s timeout every build times out.
@@ -93,6 +94,40 @@ def _metaschedule_child(model: str, trials: int, seed: int, work_dir: str, strat
     secs = [float(np.mean(r.run_secs)) for r in db.get_all_tuning_records()]
     ok = [s for s in secs if s < 1e9]
     print(json.dumps({"measured": len(secs), "ok": len(ok), "best_latency_s": min(ok) if ok else None}))
+
+
+def cached_run(done_path: str, key: str, run: Callable[[], dict]) -> dict:
+    """``run()``'s result, kept under ``key`` in the JSON file ``done_path``: a repeated command skips it."""
+    done = json.load(open(done_path)) if os.path.exists(done_path) else {}
+    if key not in done:
+        print(f"running {key} ...", file=sys.stderr, flush=True)
+        done[key] = run()
+        with open(done_path, "w") as f:
+            json.dump(done, f, indent=2)
+    return done[key]
+
+
+def build_from_store(workload, tasks: list, target, store_file: str) -> tuple[Any, int]:
+    """The workload built with the best records of a SQLite store, as `tunecore compile` builds it; (executable, tasks covered)."""
+    from tunecore.compile import best_database, build
+    from tunecore.store.sqlite import SqliteStore
+
+    store = SqliteStore(store_file)
+    try:
+        database, covered = best_database(store, tasks, target)
+    finally:
+        store.close()
+    return build(workload, target, database), covered
+
+
+def alternating_passes(timers: dict[str, Callable[[], float]], passes: int) -> dict[str, list[float]]:
+    """Seconds from each timer in each pass, passes alternating forwards and backwards over the timers,
+    so that the machine's drift within a run hits them alike."""
+    samples: dict[str, list[float]] = {name: [] for name in timers}
+    for p in range(passes):
+        for name in list(timers) if p % 2 == 0 else list(reversed(timers)):
+            samples[name].append(timers[name]())
+    return samples
 
 
 def environment() -> dict:

@@ -17,7 +17,7 @@ Resumable: the ONNX files, stores and tuning times are kept in --work. Writes be
 from __future__ import annotations
 
 import argparse
-import json
+import importlib.util
 import os
 import sys
 import tempfile
@@ -30,6 +30,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import common  # noqa: E402
 from common import command_line, environment, write_results  # noqa: E402
+
+NETWORKS = ("resnet-18", "mobilenet-v2", "bert-base")
+
 
 def network(name: str) -> tuple[Any, np.ndarray]:
     """The torch module (seeded random weights, eval mode) and an input for it."""
@@ -54,7 +57,7 @@ def network(name: str) -> tuple[Any, np.ndarray]:
                 return self.bert(input_ids=input_ids).last_hidden_state
 
         return Bert().eval(), rng.integers(0, 30522, (1, 128)).astype("int64")
-    raise SystemExit(f"--models: unknown network {name!r}; known: resnet-18, mobilenet-v2, bert-base")
+    raise ValueError(f"unknown network {name!r}")  # main() checked --models
 
 
 def export_onnx(model: Any, example: Any, path: str) -> None:
@@ -66,14 +69,9 @@ def export_onnx(model: Any, example: Any, path: str) -> None:
         os.replace(path + ".tmp", path)
 
 
-def tune(onnx_path: str, store: str, search: str, cost_model: str, trials: int, done: dict, done_path: str) -> dict:
-    key = f"{onnx_path} {search} {cost_model} {trials}"
-    if key not in done:
-        print(f"tuning {os.path.basename(onnx_path)} with {search}+{cost_model}, {trials} trials ...", file=sys.stderr, flush=True)
-        done[key] = common.run_tunecore(onnx_path, trials, 0, search=search, cost_model=cost_model, store=f"sqlite:{store}")
-        with open(done_path, "w") as f:
-            json.dump(done, f, indent=2)
-    return done[key]
+def tune(onnx_path: str, store: str, search: str, cost_model: str, trials: int, done_path: str) -> dict:
+    return common.cached_run(done_path, f"{onnx_path} {search} {cost_model} {trials}", lambda: common.run_tunecore(
+        onnx_path, trials, 0, search=search, cost_model=cost_model, store=f"sqlite:{store}"))
 
 
 def variants(name: str, model: Any, x: np.ndarray, onnx_path: str, store: str, threads: int) -> dict[str, Callable]:
@@ -81,8 +79,7 @@ def variants(name: str, model: Any, x: np.ndarray, onnx_path: str, store: str, t
     import onnxruntime as ort
     import torch
 
-    from tunecore.compile import Runnable, best_database, build
-    from tunecore.store.sqlite import SqliteStore
+    from tunecore.compile import Runnable, build
     from tunecore.targets import resolve_target
     from tunecore.workloads import extract_tasks, load_workload
     from tvm.s_tir import meta_schedule as ms
@@ -116,14 +113,16 @@ def variants(name: str, model: Any, x: np.ndarray, onnx_path: str, store: str, t
 
     target = resolve_target("llvm")
     workload = load_workload(onnx_path)
-    store_db = SqliteStore(store)
-    try:
-        database, covered = best_database(store_db, extract_tasks(workload, target), target)
-    finally:
-        store_db.close()
-    for label, db in (("tvm untuned", ms.database.MemoryDatabase()), (f"tvm tuned ({covered} tasks)", database)):
-        runnable = Runnable(build(workload, target, db), workload, target, [x])
-        out[label] = lambda r=runnable: r.outputs()[0]
+    builds = {"tvm untuned": lambda: (build(workload, target, ms.database.MemoryDatabase()), None),
+              "tvm tuned": lambda: common.build_from_store(workload, extract_tasks(workload, target), target, store)}
+    for label, make in builds.items():
+        try:  # a build that fails is a result of the benchmark
+            executable, covered = make()
+        except Exception as error:
+            out[label] = _failing(f"{type(error).__name__}: {str(error).splitlines()[0][:200]}")
+            continue
+        runnable = Runnable(executable, workload, target, [x])
+        out[label if covered is None else f"{label} ({covered} tasks)"] = lambda r=runnable: r.outputs()[0]
     return out
 
 
@@ -133,25 +132,29 @@ def _failing(message: str) -> Callable:
     return run
 
 
+def _median_call_seconds(function: Callable) -> float:
+    """One pass: calls for at least 0.3 s (and at least 2), median seconds per call."""
+    times, started = [], time.perf_counter()
+    while time.perf_counter() - started < 0.3 or len(times) < 2:
+        t = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - t)
+    return float(np.median(times))
+
+
 def time_together(functions: dict[str, Callable], reference: np.ndarray, passes: int) -> dict[str, dict]:
+    from tunecore.compile import max_relative_error
+
     results: dict[str, dict] = {}
     for name, f in functions.items():
         try:
-            got = f()
-            error = float(np.max(np.abs(got - reference)) / max(1e-6, float(np.max(np.abs(reference)))))
-            results[name] = {"max_relative_error": error, "passes_ms": []}
+            results[name] = {"max_relative_error": max_relative_error([f()], [reference])}
         except Exception as e:
             results[name] = {"error": str(e)}
-    live = [n for n in functions if "error" not in results[n]]
-    for p in range(passes):
-        for name in live if p % 2 == 0 else reversed(live):
-            times, started = [], time.perf_counter()
-            while time.perf_counter() - started < 0.3 or len(times) < 2:
-                t = time.perf_counter()
-                functions[name]()
-                times.append(time.perf_counter() - t)
-            results[name]["passes_ms"].append(float(np.median(times)) * 1e3)
-    for name in live:
+    live = {name: f for name, f in functions.items() if "error" not in results[name]}
+    samples = common.alternating_passes({name: lambda f=f: _median_call_seconds(f) for name, f in live.items()}, passes)
+    for name, seconds in samples.items():
+        results[name]["passes_ms"] = [s * 1e3 for s in seconds]
         results[name]["latency_ms"] = float(np.median(results[name]["passes_ms"]))
     return results
 
@@ -166,6 +169,14 @@ def main() -> None:
     parser.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "tunecore-bench-e2e"))
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     args = parser.parse_args()
+    models = args.models.split(",")
+    unknown = [m for m in models if m not in NETWORKS]
+    if unknown:
+        parser.error(f"--models: unknown network {unknown[0]!r}; known: {', '.join(NETWORKS)}")
+    missing = [m for m in ("torch", "onnxruntime", *(["transformers"] if "bert-base" in models else []))
+               if importlib.util.find_spec(m) is None]
+    if missing:
+        parser.error(f"needs {', '.join(missing)}: pip install -e \".[e2e]\"" + (" transformers" if "transformers" in missing else ""))
 
     import torch
 
@@ -174,14 +185,13 @@ def main() -> None:
     threads = use_target_threads(resolve_target("llvm"))
     os.makedirs(args.work, exist_ok=True)
     done_path = os.path.join(args.work, "tuning.json")
-    done = json.load(open(done_path)) if os.path.exists(done_path) else {}
     networks = {}
-    for name in args.models.split(","):
+    for name in models:
         model, x = network(name)
         onnx_path = os.path.join(args.work, f"{name}.onnx")
         export_onnx(model, torch.from_numpy(x), onnx_path)
         store = os.path.join(args.work, f"{name}-{args.search}-{args.cost_model}-{args.trials}.db")
-        tuning = tune(onnx_path, store, args.search, args.cost_model, args.trials, done, done_path)
+        tuning = tune(onnx_path, store, args.search, args.cost_model, args.trials, done_path)
         functions = variants(name, model, x, onnx_path, store, threads)
         with torch.inference_mode():
             reference = model(torch.from_numpy(x)).numpy()

@@ -30,8 +30,7 @@ from common import command_line, environment, write_results  # noqa: E402
 
 def time_together(model: str, stores: dict[str, str], passes: int) -> dict:
     """Build untuned + one build per store; check outputs; median latency over alternating passes."""
-    from tunecore.compile import Runnable, best_database, build, max_relative_error, random_inputs
-    from tunecore.store.sqlite import SqliteStore
+    from tunecore.compile import Runnable, build, max_relative_error, random_inputs
     from tunecore.targets import resolve_target, use_target_threads
     from tunecore.workloads import extract_tasks, load_workload
     from tvm.s_tir import meta_schedule as ms
@@ -46,20 +45,13 @@ def time_together(model: str, stores: dict[str, str], passes: int) -> dict:
     runnables["untuned"] = Runnable(untuned, workload, target, inputs)
     expected = runnables["untuned"].outputs()
     for name, path in stores.items():
-        store = SqliteStore(path)
-        try:
-            database, covered = best_database(store, tasks, target)
-        finally:
-            store.close()
-        runnables[name] = Runnable(build(workload, target, database), workload, target, inputs)
+        executable, covered = common.build_from_store(workload, tasks, target, path)
+        runnables[name] = Runnable(executable, workload, target, inputs)
         builds[name] = {"tasks_tuned": covered, "tasks_total": len(tasks),
                         "max_relative_error": max_relative_error(runnables[name].outputs(), expected)}
-    samples = {name: [] for name in runnables}
-    for p in range(passes):
-        order = list(runnables) if p % 2 == 0 else list(reversed(runnables))
-        for name in order:
-            untuned_pass = name == "untuned"
-            samples[name].append(runnables[name].time(1 if untuned_pass else 5, min_repeat_ms=0 if untuned_pass else 200))
+    samples = common.alternating_passes(
+        {name: (lambda r=r: r.time(1, min_repeat_ms=0)) if name == "untuned" else (lambda r=r: r.time(5, min_repeat_ms=200))
+         for name, r in runnables.items()}, passes)
     return {name: {"latency_ms": float(np.median(s)) * 1e3, "passes_ms": [x * 1e3 for x in s], **builds.get(name, {})}
             for name, s in samples.items()}
 
@@ -79,20 +71,13 @@ def main() -> None:
         parser.error("--pairs: expected SEARCH:COST_MODEL[,SEARCH:COST_MODEL...]")
 
     os.makedirs(args.work, exist_ok=True)
-    done_path = os.path.join(args.work, "runs.json")
-    done = json.load(open(done_path)) if os.path.exists(done_path) else {}
     runs, stores = {}, {}
     for search, cost_model in pairs:
         name = f"{search}+{cost_model}"
         key = f"{args.model} {name} {args.trials} {args.seed}"
         stores[name] = os.path.join(args.work, f"{args.model.replace(':', '-')}-{search}-{cost_model}-{args.trials}-{args.seed}.db")
-        if key not in done:
-            print(f"tuning {key} ...", file=sys.stderr, flush=True)
-            done[key] = common.run_tunecore(args.model, args.trials, args.seed, search=search, cost_model=cost_model,
-                                            store=f"sqlite:{stores[name]}")
-            with open(done_path, "w") as f:
-                json.dump(done, f, indent=2)
-        runs[name] = done[key]
+        runs[name] = common.cached_run(os.path.join(args.work, "runs.json"), key, lambda: common.run_tunecore(
+            args.model, args.trials, args.seed, search=search, cost_model=cost_model, store=f"sqlite:{stores[name]}"))
         print(f"  {key}: {runs[name]['wall_s']:.0f} s, estimated {runs[name]['estimated_latency_ms']:.1f} ms",
               file=sys.stderr, flush=True)
 

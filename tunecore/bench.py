@@ -51,6 +51,8 @@ class Cell:
 
 
 def plan(models: Sequence[str], searches: Sequence[str], cost_models: Sequence[str], seeds: int) -> list[Cell]:
+    if seeds < 1:
+        raise UsageError("--seeds must be >= 1")
     return [Cell(m, s, c, k) for m in models for s in searches for c in cost_models for k in range(seeds)]
 
 

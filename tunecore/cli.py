@@ -368,8 +368,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     from tunecore import bench, report, session
 
-    if args.seeds < 1:
-        raise UsageError("--seeds must be >= 1")
     searches, cost_models = bench.split_list(args.search, "--search"), bench.split_list(args.cost_model, "--cost-model")
     cells = bench.plan(bench.split_list(args.model, "--model"), searches, cost_models, args.seeds)
     options = session.parse_options(args.option, [*searches, *cost_models, args.measurer])
