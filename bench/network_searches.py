@@ -78,7 +78,7 @@ def main() -> None:
         stores[name] = os.path.join(args.work, f"{args.model.replace(':', '-')}-{search}-{cost_model}-{args.trials}-{args.seed}.db")
         runs[name] = common.cached_run(os.path.join(args.work, "runs.json"), key, lambda: common.run_tunecore(
             args.model, args.trials, args.seed, search=search, cost_model=cost_model, store=f"sqlite:{stores[name]}"))
-        print(f"  {key}: {runs[name]['wall_s']:.0f} s, estimated {runs[name]['estimated_latency_ms']:.1f} ms",
+        print(f"  {key}: {runs[name]['wall_s']:.0f} s, estimated {_estimate(runs[name])} ms",
               file=sys.stderr, flush=True)
 
     print("building and timing ...", file=sys.stderr, flush=True)
@@ -107,11 +107,16 @@ def markdown(report: dict) -> str:
     ]
     for name, run in report["runs"].items():
         b = report["builds"][name]
-        lines.append(f"| {name} | {run['wall_s']:.0f} | {run['measured']} ({run['errors']}) | {run['estimated_latency_ms']:.1f} "
+        lines.append(f"| {name} | {run['wall_s']:.0f} | {run['measured']} ({run['errors']}) | {_estimate(run)} "
                      f"| {b['latency_ms']:.1f} | {untuned / b['latency_ms']:.2f} "
                      f"| {b['tasks_tuned']}/{b['tasks_total']} tuned, max rel. error {b['max_relative_error']:.1g} |")
     lines.append("")
     return "\n".join(lines)
+
+
+def _estimate(run: dict) -> str:
+    """The run's estimated network latency; none while a task has no successful program (small budgets)."""
+    return "-" if run["estimated_latency_ms"] is None else f"{run['estimated_latency_ms']:.1f}"
 
 
 if __name__ == "__main__":
