@@ -40,10 +40,6 @@ class Cell:
         return f"{self.model} | {self.search} | {self.cost_model} | seed {self.seed}"
 
     @property
-    def pair(self) -> str:
-        return f"{self.search}+{self.cost_model}"
-
-    @property
     def store_path(self) -> str:
         """Relative to the output directory; readable, and unique even for file paths as models."""
         readable = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{self.model}-{self.search}-{self.cost_model}-{self.seed}")[-80:]

@@ -21,6 +21,10 @@ def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.4g}"
 
 
+def _pair(cell: dict[str, Any]) -> str:
+    return f"{cell['search']}+{cell['cost_model']}"
+
+
 def _best_s(cell: dict[str, Any]) -> float | None:
     """The cell's best latency: the kernel's for an operator, the estimate (sum of weight × best) for a network."""
     best = cell["curve"]["best_s"]
@@ -51,7 +55,7 @@ MEDIAN_COLUMNS = ["model", "search + cost model", "seeds", "best ms (median)", "
 def median_rows(results: dict[str, Any]) -> list[list[str]]:
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for cell in results["cells"].values():
-        groups.setdefault((cell["model"], f"{cell['search']}+{cell['cost_model']}"), []).append(cell)
+        groups.setdefault((cell["model"], _pair(cell)), []).append(cell)
 
     def median(values: list[float | None], fmt: str) -> str:
         values = [v for v in values if v is not None]
@@ -106,7 +110,7 @@ def write_plots(results: dict[str, Any], out: str) -> list[str]:
         models.setdefault(cell["model"], []).append(cell)
     written = []
     for model, cells in models.items():
-        pairs = sorted({f"{c['search']}+{c['cost_model']}" for c in cells})
+        pairs = sorted({_pair(c) for c in cells})
         colors = {p: plt.get_cmap("tab10")(i % 10) for i, p in enumerate(pairs)}
         for axis, label in (("trials", "measured trials"), ("seconds", "tuning time (s)")):
             fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
@@ -114,7 +118,7 @@ def write_plots(results: dict[str, Any], out: str) -> list[str]:
                 curve = c["curve"]
                 if not curve["best_s"]:
                     continue
-                pair = f"{c['search']}+{c['cost_model']}"
+                pair = _pair(c)
                 xs = curve[axis] + ([max(curve[axis][-1], c.get("tuning_s") or 0)] if axis == "seconds" else [])
                 ys = [b * 1e3 for b in curve["best_s"]] + ([curve["best_s"][-1] * 1e3] if axis == "seconds" else [])
                 ax.step(xs, ys, where="post", color=colors[pair], linestyle=["-", "--", ":", "-."][c["seed"] % 4],
