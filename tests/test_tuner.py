@@ -32,6 +32,17 @@ def test_budget_counts_what_the_store_holds(matmul_task, target):
     assert [r.trial for r in store.records(matmul_task.task_id)] == list(range(30))
 
 
+def test_another_workloads_records_on_a_shared_kernel_do_not_use_up_the_budget(matmul_task, target):
+    store = MemoryStore()
+    _tuner(store, target).tune([matmul_task.for_model("model-a", 1)], 20, {"model": "model-a"})
+    shared = matmul_task.for_model("model-b", 2)
+    summary = _tuner(store, target).tune([shared], 12, {"model": "model-b"})
+    assert (summary["trials_measured"], summary["trials_total"]) == (12, 32)
+    again = _tuner(store, target).tune([shared], 16, {"model": "model-b"})  # resuming counts model-b's own runs
+    assert again["trials_measured"] == 4
+    assert summary["tasks"][0]["best_latency_s"] <= min(r.latency for r in store.records(matmul_task.task_id)[:20])
+
+
 def test_summary_splits_the_time_by_phase(matmul_task, target):
     summary = _tuner(MemoryStore(), target).tune([matmul_task], 12)
     phases = summary["phase_s"]
@@ -58,7 +69,7 @@ def test_exhausted_task_stops_the_loop(target):
     task = tiny_task("nrm-0")  # a reduction with a small design space
     summary = _tuner(MemoryStore(), target).tune([task], 100000)
     assert summary["status"] == "finished" and summary["trials_measured"] < 100000
-    assert summary["tasks"][0]["stopped"].startswith("no new candidates")
+    assert summary["tasks"][0]["stopped"] == "search 'random' has no new candidates"
 
 
 def test_hooks_see_every_round(matmul_task, target):

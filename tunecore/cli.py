@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="tune a workload (resumes: records already in the store count)")
     _add_common(run)
     run.add_argument("--search", default="random", help="search policy (see `tunecore plugins`)")
+    run.add_argument("--then", default=None, metavar="SEARCH",
+                     help="per task, once --search has nothing new to propose, spend the rest of the budget with this "
+                          "search policy, starting from what was measured (e.g. --search transfer --then ansor)")
     run.add_argument("--cost-model", default="none", help="cost model (see `tunecore plugins`)")
     run.add_argument("--measurer", default="local", help="measurer (see `tunecore plugins`)")
     run.add_argument("--trials", "-n", type=int, required=True, help="total measured candidates for this workload")
@@ -142,7 +145,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from tunecore import session
 
-    options = session.parse_options(args.option, [args.search, args.cost_model, args.measurer])
+    options = session.parse_options(args.option, [args.search, args.cost_model, args.measurer, *filter(None, [args.then])])
     progress = Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -170,7 +173,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         summary = session.tune(
             args.model, trials=args.trials, target=args.target, search=args.search, cost_model=args.cost_model,
             measurer=args.measurer, store=args.store, seed=args.seed, options=options, scheduler=args.scheduler,
-            round_size=args.round_size, on_round=on_round, on_tasks=on_tasks,
+            round_size=args.round_size, on_round=on_round, on_tasks=on_tasks, then=args.then,
         )
     finally:
         progress.stop()
@@ -203,6 +206,34 @@ def _print_summary(summary: dict[str, Any]) -> None:
     )
     if summary.get("phase_s"):
         console.print("time by phase: " + ", ".join(f"{k} {v:.1f} s" for k, v in summary["phase_s"].items()))
+    _print_search_reports(summary, console)
+
+
+def _print_search_reports(summary: dict[str, Any], console: Any) -> None:
+    """The search policy's per-task reports as one table, a column per key."""
+    from rich.table import Table
+
+    reports = [(t["name"], t.get("search_report") or {}) for t in summary["tasks"]]
+    columns = list(dict.fromkeys(k for _, report in reports for k in report))
+    if not columns:
+        return
+    table = Table(title=f"search {summary['search']}, per task")
+    table.add_column("task", overflow="fold")
+    for column in columns:
+        table.add_column(column.replace("_", " "), overflow="fold")
+    for name, report in reports:
+        table.add_row(name, *(_cell(report.get(c)) for c in columns))
+    console.print(table)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    if isinstance(value, dict):
+        return ", ".join(f"{v} {k}" for k, v in value.items()) or "-"
+    return str(value)
 
 
 # tasks

@@ -249,6 +249,14 @@ class SearchPolicy(Component):
     def observe(self, task: Task, candidates: Sequence[Candidate], results: Sequence[MeasureResult]) -> None:
         """Called after the candidates of the last ``propose`` were measured and stored."""
 
+    def task_report(self, task: Task) -> dict[str, Any]:
+        """What the policy did for ``task``, for the run summary: flat JSON values, e.g. {"donor_task": ...}.
+
+        Called when the run ends, also for tasks it never started. ``tunecore run`` prints the
+        keys as columns of a per-task table.
+        """
+        return {}
+
 
 class CostModel(Component):
     """Predicts which candidates run fast, learning from measured ones.

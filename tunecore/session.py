@@ -78,11 +78,18 @@ def components(
     seed: int = 0,
     options: dict[str, dict[str, Any]] | None = None,
     registry: Registry | None = None,
+    then: str | None = None,
 ) -> Iterator[tuple[SearchPolicy, CostModel, RecordStore, Measurer]]:
-    """Construct the four components (refusing impossible combinations first) and close them afterwards."""
+    """Construct the four components (refusing impossible combinations first) and close them afterwards.
+
+    With ``then``, the search policy is ``search`` followed per task by ``then`` (see tunecore.chain);
+    ``search.KEY`` options go to ``search``, ``then`` gets only its own ``NAME.KEY`` options.
+    """
     registry = registry or Registry()
     options = options or {}
     registry.check_target(target, search=search, cost_model=cost_model, measurer=measurer)
+    if then:
+        registry.check_target(target, search=then)
     opened: list[Any] = []
     try:
         record_store = open_store(store, registry)
@@ -92,6 +99,13 @@ def components(
         policy = _construct(registry, "search", search, cost_model=model, store=record_store, seed=seed,
                             **options_for(options, "search", search))
         opened.append(policy)
+        if then:
+            from tunecore.chain import SearchChain
+
+            opened.pop()
+            policy = SearchChain(policy, _construct(registry, "search", then, cost_model=model, store=record_store,
+                                                    seed=seed, **options.get(then, {})))
+            opened.append(policy)
         runner = _construct(registry, "measurer", measurer, target, **options_for(options, "measurer", measurer))
         opened.append(runner)
         yield policy, model, record_store, runner
@@ -116,6 +130,7 @@ def tune(
     on_round: Callable | None = None,
     on_tasks: Callable | None = None,
     run_info: dict[str, Any] | None = None,
+    then: str | None = None,
 ) -> dict[str, Any]:
     """Tune a workload until the store holds ``trials`` records for its tasks; returns the run summary.
 
@@ -130,13 +145,13 @@ def tune(
     tvm_target = resolve_target(target)
     registry = Registry()
     with components(tvm_target, search=search, cost_model=cost_model, measurer=measurer, store=store, seed=seed,
-                    options=options, registry=registry) as (policy, cost, record_store, runner):
+                    options=options, registry=registry, then=then) as (policy, cost, record_store, runner):
         workload = load_workload(model)
         tasks = extract_tasks(workload, tvm_target)
         if on_tasks:
             on_tasks(tasks)
         tuner = Tuner(search=policy, cost_model=cost, store=record_store, measurer=runner, seed=seed,
                       scheduler=scheduler, round_size=round_size, plugin_manager=registry.pm, on_round=on_round)
-        info = {**(run_info or {}), "model": workload.name, "target": target_to_json(tvm_target), "search": search,
+        info = {**(run_info or {}), "model": workload.name, "target": target_to_json(tvm_target), "search": policy.name,
                 "cost_model": cost_model, "measurer": measurer, "store": store or DEFAULT_STORE, "options": options or {}}
         return tuner.tune(tasks, trials, info)

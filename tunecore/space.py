@@ -157,21 +157,44 @@ class DesignSpace:
     def apply(self, trace: Any, keep_decisions: bool = True, seed: int | None = None,
               postprocs: list | None = None) -> Any | None:
         """Replay a trace (e.g. a mutated or transferred one) on this task with postprocessors; None if invalid."""
+        return self.apply_explained(trace, keep_decisions, seed, postprocs)[0]
+
+    def apply_explained(self, trace: Any, keep_decisions: bool = True, seed: int | None = None,
+                        postprocs: list | None = None, decision_provider: Any = None) -> tuple[Any | None, str | None]:
+        """``apply``, saying why a trace did not give a valid schedule: (schedule, None) or (None, reason).
+
+        ``decision_provider(inst, inputs, attrs, decision) -> decision`` sees every instruction as it
+        is replayed (inputs already bound to this schedule's objects) and may change its decision.
+        """
         from tvm.s_tir.schedule import Trace
 
         sch = new_schedule(self.task.mod, seed=seed if seed is not None else int(self.rng.integers(1, 2**31 - 1)))
         if not keep_decisions:
             trace = Trace(trace.insts, {})
         try:
-            trace.apply_to_schedule(sch, remove_postproc=True)
-        except Exception:  # schedule primitives refuse some decisions: invalid
-            return None
-        return sch if self.apply_postprocs(sch, postprocs) else None
+            if decision_provider is None:
+                trace.apply_to_schedule(sch, remove_postproc=True)
+            else:
+                trace.apply_to_schedule(sch, remove_postproc=True, decision_provider=lambda *a: decision_provider(sch, *a))
+        except Exception as error:  # schedule primitives refuse some decisions: invalid
+            return None, f"replay: {_first_error_line(error)}"
+        if not self.apply_postprocs(sch, postprocs):
+            return None, "rejected by a postprocessor"
+        return sch, None
 
     def mutators(self) -> list[tuple[Any, float]]:
         """The target's mutators (tile size, parallel, unroll, compute location...) with their probabilities."""
         probs = self.context.space_generator.mutator_probs or {}
         return [(m, float(p)) for m, p in probs.items()]
+
+
+def _first_error_line(error: Exception) -> str:
+    """The line of a TVM error that says what went wrong, without its traceback."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    for line in lines:
+        if "Error" in line and not line.startswith(("File ", "Traceback")):
+            return line[:160]
+    return (lines[0] if lines else type(error).__name__)[:160]
 
 
 def _rand_state(seed: int) -> int:

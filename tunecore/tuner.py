@@ -2,9 +2,11 @@
 
 A round: the scheduler picks a task -> the search policy proposes candidates -> the measurer builds
 and runs them -> the store commits every result -> the cost model and the policy learn from them.
-The budget (``trials``) counts every record the store holds for the workload's tasks, so running
-the same command again with a larger budget measures only the difference, and an interrupted run
-resumes where its last committed round ended.
+The budget (``trials``) counts the records earlier runs of the same workload put in the store for
+its tasks, so running the same command again with a larger budget measures only the difference, and
+an interrupted run resumes where its last committed round ended. Records that runs of other
+workloads left on shared kernels (donors for ``transfer``, kernels two models have in common) do
+not use up this workload's budget; they are its history all the same.
 """
 
 from __future__ import annotations
@@ -175,17 +177,19 @@ class Tuner:
         self.on_round = on_round
 
     def tune(self, tasks: Sequence[Task], trials: int, run_info: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Measure until the store holds ``trials`` records for ``tasks`` (or every task is exhausted).
+        """Measure until runs of this workload put ``trials`` records for ``tasks`` in the store (or every task is exhausted).
 
         Returns the run summary (what ``tunecore run --json`` prints).
         """
         started = time.time()
         self.store.put_tasks(tasks)
         states = self._restore_states(tasks)
-        already = sum(s.trials for s in states)
+        info = dict(run_info or {})
+        same_workload = {r["run_id"] for r in self.store.runs() if _same_workload(r["info"], info)}
+        already = sum(r.run_id in same_workload for s in states for r in s.history)
         budget = max(0, trials - already)
         round_size = self.round_size or default_round_size(budget, len(tasks))
-        info = dict(run_info or {}, trials=trials, seed=self.seed, scheduler=self.scheduler_name, round_size=round_size)
+        info.update(trials=trials, seed=self.seed, scheduler=self.scheduler_name, round_size=round_size)
         run_id = self.store.start_run(info)
         run = dict(info, run_id=run_id)
         self.hooks.tunecore_on_run_start(run=run, tasks=list(tasks))
@@ -212,7 +216,7 @@ class Tuner:
             raise
         finally:
             summary = summarize(states, run, measured=measured, errors=errors, elapsed=time.time() - started, status=status,
-                                phase_seconds=self.phase_seconds)
+                                phase_seconds=self.phase_seconds, search=self.search)
             self.store.finish_run(run_id, summary)
             self.hooks.tunecore_on_run_end(run=run, summary=summary)
         return summary
@@ -248,7 +252,7 @@ class Tuner:
         candidates = distinct(self.search.propose(task, n), state.measured)[:n]
         clock = self._spent("search", clock)
         if not candidates:
-            state.done_reason = "no new candidates (design space exhausted)"
+            state.done_reason = f"search '{self.search.name}' has no new candidates"
             return []
         results = self.measurer.measure(task, candidates)
         self.hooks.tunecore_on_measured(task=task, candidates=candidates, results=results)
@@ -273,6 +277,11 @@ class Tuner:
         return now
 
 
+def _same_workload(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two runs tuned the same workload (in a bench: also the same cell)."""
+    return all(a.get(k) == b.get(k) for k in ("model", "bench_cell"))
+
+
 def estimated_latency(states: Sequence[TaskState]) -> float | None:
     if not states or any(s.best >= UNMEASURED for s in states):
         return None
@@ -280,7 +289,7 @@ def estimated_latency(states: Sequence[TaskState]) -> float | None:
 
 
 def summarize(states: Sequence[TaskState], run: dict[str, Any], *, measured: int, errors: int, elapsed: float,
-              status: str, phase_seconds: dict[str, float] | None = None) -> dict[str, Any]:
+              status: str, phase_seconds: dict[str, float] | None = None, search: SearchPolicy | None = None) -> dict[str, Any]:
     total = estimated_latency(states)
     return {
         **{k: run.get(k) for k in ("run_id", "model", "target", "search", "cost_model", "measurer", "store", "seed")},
@@ -307,6 +316,8 @@ def summarize(states: Sequence[TaskState], run: dict[str, Any], *, measured: int
                 "best_latency_s": None if s.best >= UNMEASURED else s.best,
                 "gflops": None if s.best >= UNMEASURED or not s.task.flops else s.task.flops / s.best / 1e9,
                 "stopped": s.done_reason,
+                # what the search policy has to say about the task (e.g. transfer: the donor used)
+                "search_report": search.task_report(s.task) if search is not None else {},
             }
             for s in states
         ],
