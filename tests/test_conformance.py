@@ -7,7 +7,7 @@ from tunecore.testing import CostModelConformance, MeasurerConformance, RecordSt
 
 REGISTRY = Registry()
 # Settings under which each component is reproducible from its seed (the suites check that) and quick.
-OPTIONS = {"ansor": {"population": 48, "iterations": 2}, "xgb": {"min_data": 4}}
+OPTIONS = {"ansor": {"population": 48, "iterations": 2}, "xgb": {"min_data": 4}, "transfer": {"per_donor": 8}}
 
 
 class TestSearchPolicies(SearchPolicyConformance):

@@ -6,6 +6,7 @@ options, ``options``). The suites use real TVM on a tiny task; they assert behav
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -47,14 +48,26 @@ class _Suite:
 
 
 class SearchPolicyConformance(_Suite):
-    """A search policy proposes new, valid, distinct candidates of the task it is asked about."""
+    """A search policy proposes new, valid, distinct candidates of the task it is asked about.
+
+    The policy's store holds what an earlier run would have left: another matmul (48x48x48, the
+    task's kernel class) with 16 measured programs -- donors for policies such as ``transfer``.
+    """
 
     def make_policy(self, name: str, seed: int = 0) -> Any:
-        from tunecore.store.sqlite import MemoryStore
-
         registry = _registry()
         cost_model = registry.get("cost_model", "none")(seed=seed)
-        return registry.get("search", name)(cost_model=cost_model, store=MemoryStore(), seed=seed, **self.options_for(name))
+        return registry.get("search", name)(cost_model=cost_model, store=self.make_store(), seed=seed,
+                                            **self.options_for(name))
+
+    def make_store(self) -> Any:
+        from tunecore.store.sqlite import MemoryStore
+
+        donor, records = _donor_records()
+        store = MemoryStore()
+        store.put_tasks([donor])
+        store.commit(records)
+        return store
 
     def _start(self, policy: Any, task: Task, seed: int = 0, measured: set[str] | None = None) -> None:
         from tunecore.space import DesignSpace
@@ -105,6 +118,16 @@ class SearchPolicyConformance(_Suite):
             self._start(policy, task, seed=7)
             keys.append([c.key for c in policy.propose(task, 6)])
         assert keys[0] == keys[1]
+
+
+@functools.lru_cache(maxsize=1)
+def _donor_records() -> tuple[Task, list[Record]]:
+    from tunecore.testing.helpers import InstantMeasurer, tiny_task
+
+    donor = tiny_task("matmul-48")
+    candidates = sample_candidates(donor, 16)
+    results = InstantMeasurer(donor.target).measure(donor, candidates)
+    return donor, [Record.from_result(c, r, trial=i) for i, (c, r) in enumerate(zip(candidates, results))]
 
 
 class CostModelConformance(_Suite):

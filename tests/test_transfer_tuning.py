@@ -1,0 +1,199 @@
+"""The transfer_tuning plugin: search policy `transfer` (and `--then`, which it is meant to be used with)."""
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tunecore_transfer_tuning")
+
+from tunecore.chain import SearchChain  # noqa: E402
+from tunecore.interfaces import CostModel, Record  # noqa: E402
+from tunecore.registry import Registry  # noqa: E402
+from tunecore.store.sqlite import MemoryStore  # noqa: E402
+from tunecore.testing import InstantMeasurer, sample_candidates  # noqa: E402
+from tunecore.testing.helpers import tiny_task  # noqa: E402
+from tunecore.tuner import Tuner  # noqa: E402
+from tunecore_transfer_tuning.search import refit_tile  # noqa: E402
+
+
+@pytest.mark.parametrize("factors, extent", [([2, 4, 8], 64), ([1, 16, 4], 48), ([7, 1, 9], 100), ([64, 1], 7),
+                                             ([1, 1, 1], 13), ([3, 5, 8], 120)])
+def test_refit_tile(factors, extent):
+    divisible = refit_tile(factors, extent, "divisible")
+    assert math.prod(divisible) == extent and len(divisible) == len(factors)
+    assert all(new <= old for new, old in zip(divisible[1:], factors[1:]))
+    if extent % math.prod(factors[1:]) == 0:  # the donor's inner tiles fit: kept as they are
+        assert divisible[1:] == factors[1:]
+    padded = refit_tile(factors, extent, "padded")
+    inner = math.prod(factors[1:])
+    assert padded[1:] == factors[1:] and extent <= math.prod(padded) < extent + inner
+
+
+def _store_with_donor(donor, n=8, seed=1):
+    """A store holding ``donor`` with ``n`` measured programs, as an earlier `tunecore run` leaves it."""
+    store = MemoryStore()
+    store.put_tasks([donor])
+    candidates = sample_candidates(donor, n, seed=seed)
+    results = InstantMeasurer(donor.target).measure(donor, candidates)
+    store.commit([Record.from_result(c, r, trial=i) for i, (c, r) in enumerate(zip(candidates, results))])
+    return store
+
+
+def _transfer(store, cost_model=None, **options):
+    registry = Registry()
+    return registry.get("search", "transfer")(cost_model=cost_model or registry.get("cost_model", "none")(),
+                                              store=store, **options)
+
+
+def _tune(policy, store, task, trials):
+    tuner = Tuner(search=policy, cost_model=policy.cost_model, store=store, measurer=InstantMeasurer(task.target))
+    return tuner.tune([task], trials, {"model": task.model})
+
+
+def _tiles(trace):
+    return [[int(x) for x in trace.decisions[i]] for i in trace.insts if i.kind.name == "SamplePerfectTile"]
+
+
+def test_a_task_gets_its_donors_schedule_refitted():
+    donor, task = tiny_task("matmul-64"), tiny_task("matmul-128")
+    assert donor.kernel_class == task.kernel_class
+    store = _store_with_donor(donor)
+    policy = _transfer(store)
+    summary = _tune(policy, store, task, trials=32)
+
+    records = store.records(task.task_id)
+    assert records[0].origin == "untuned"
+    assert {r.origin for r in records[1:]} == {f"transfer:{donor.task_id}"}
+    assert len(records) == 1 + summary["tasks"][0]["search_report"]["pairs"] <= 1 + 2 * 2  # per_donor 2, two fits
+    # nearest shape first, then the donor's fastest record: its tiles re-fitted to 128, every other decision kept
+    donor_best = store.best(donor.task_id)[0].candidate(donor).trace
+    first = records[1].candidate(task).trace
+    assert _tiles(first) == [refit_tile(t, 128, "divisible") for t in _tiles(donor_best)]
+    others = [[str(d) for i, d in t.decisions.items() if i.kind.name != "SamplePerfectTile"] for t in (first, donor_best)]
+    assert others[0] == others[1]
+
+    report = summary["tasks"][0]["search_report"]
+    assert (report["donor_task"], report["donor_model"], report["note"]) == ("matmul-64", "op:matmul-64", "transferred")
+    best = store.best(task.task_id)[0]
+    assert report["speedup_over_untuned"] == pytest.approx(records[0].latency / best.latency)
+    assert summary["tasks"][0]["stopped"] == "search 'transfer' has no new candidates"
+
+
+def test_a_class_without_donors_is_reported():
+    store = _store_with_donor(tiny_task("matmul-64"))
+    conv = tiny_task("c2d-2")
+    summary = _tune(_transfer(store), store, conv, trials=16)
+    assert [r.origin for r in store.records(conv.task_id)] == ["untuned"]
+    report = summary["tasks"][0]["search_report"]
+    assert report["note"] == f"no donor of class {conv.kernel_class} in the store"
+    assert (report["pairs"], report["donor_task"]) == (0, None)
+
+
+def test_incompatible_traces_are_skipped_and_counted():
+    matmul, conv = tiny_task("matmul-64"), tiny_task("c2d-2")
+    store = _store_with_donor(matmul, n=4)
+    # a kernel that claims the matmul's class but is a convolution: its traces cannot replay on a matmul
+    impostor = dataclasses.replace(conv, task_id="impostor", kernel_class=matmul.kernel_class, model="op:impostor")
+    store.put_tasks([impostor])
+    bad = sample_candidates(conv, 3)
+    store.commit([Record(task_id="impostor", key=c.key, trace_json=c.trace_json, run_secs=[1e-5] * 3) for c in bad])
+
+    task = tiny_task("matmul-96x64x80")
+    summary = _tune(_transfer(store, per_donor=3), store, task, trials=32)
+    report = summary["tasks"][0]["search_report"]
+    assert sum(report["skipped"].values()) == 3 * 2  # every impostor record, in both fits
+    assert all(reason.startswith("replay: ") for reason in report["skipped"])
+    assert report["donor_task"] == "matmul-64" and report["pairs"] > 0
+
+
+class PrefersShortTraces(CostModel):
+    """A cost model that remembers what it was taught and prefers programs with short traces."""
+
+    name = "short-traces"
+
+    def __init__(self):
+        super().__init__()
+        self.taught = []
+
+    def update(self, task, candidates, results):
+        self.taught.append((task.task_id, len(candidates)))
+
+    def predict(self, task, candidates):
+        return np.array([-len(c.trace_json) for c in candidates], dtype=float)
+
+
+def test_the_cost_model_learns_the_donors_and_takes_turns_with_shape_ranking():
+    donors = [tiny_task("matmul-64"), tiny_task("matmul-48")]
+    store = _store_with_donor(donors[0], n=12)
+    other = _store_with_donor(donors[1], n=12, seed=2)
+    store.put_tasks([donors[1]])
+    store.commit(other.records(donors[1].task_id))
+    model = PrefersShortTraces()
+    policy = _transfer(store, cost_model=model, train_per_donor=5)
+    task = tiny_task("matmul-128")
+    from tunecore.interfaces import TaskContext
+    from tunecore.space import DesignSpace
+
+    policy.start_task(TaskContext(task, DesignSpace(task), 0, set(), []))
+    assert sorted(model.taught) == sorted((d.task_id, 5) for d in donors)  # an even spread of each donor's records
+    proposed = policy.propose(task, 100)
+    assert proposed[0].origin == "untuned"
+    pairs = proposed[1:]
+    nearest = min(donors, key=lambda d: abs(d.flops - task.flops))  # matmul-64
+    assert pairs[0].origin == f"transfer:{nearest.task_id}"  # shape ranking goes first
+    shortest = min(pairs, key=lambda c: len(c.trace_json))
+    assert shortest.key in {pairs[0].key, pairs[1].key}  # then the model's favourite
+    assert len({c.key for c in proposed}) == len(proposed)
+
+
+def test_then_continues_from_the_transferred_schedules():
+    donor, task = tiny_task("matmul-64"), tiny_task("matmul-128")
+    store = _store_with_donor(donor, n=2)
+    registry = Registry()
+    cost_model = registry.get("cost_model", "none")()
+    first = registry.get("search", "transfer")(cost_model=cost_model, store=store, per_donor=1)
+    then = registry.get("search", "random")(cost_model=cost_model, store=store)
+    seen = []
+    start = then.start_task
+    then.start_task = lambda context: (seen.append([r.origin for r in context.history]), start(context))
+    summary = _tune(SearchChain(first, then), store, task, trials=20)
+
+    origins = [r.origin for r in store.records(task.task_id)]
+    transferred = 1 + summary["tasks"][0]["search_report"]["pairs"]
+    assert len(origins) == 20 and origins[0] == "untuned"
+    assert all(o.startswith("transfer:") for o in origins[1:transferred])
+    assert set(origins[transferred:]) == {"random"}
+    assert seen == [origins[:transferred]]  # `then` started once, knowing what transfer measured
+    assert summary["tasks"][0]["search_report"]["then_started"] is True
+
+
+def test_cli_transfers_from_a_store_filled_by_an_earlier_run(tmp_path):
+    from conftest import run_cli
+
+    store = str(tmp_path / "donors.db")
+    assert run_cli("run", "--model", "op:matmul-64", "--trials", "6", "--store", store).returncode == 0
+    result = run_cli("run", "--model", "op:matmul-96x64x80", "--search", "transfer", "--then", "random",
+                     "--trials", "8", "--store", store, "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    (task,) = summary["tasks"]
+    assert summary["search"] == "transfer+random" and summary["trials_measured"] == 8  # the donor's 6 are not this budget
+    assert task["search_report"]["donor_model"] == "op:matmul-64" and task["search_report"]["pairs"] >= 1
+    table = run_cli("run", "--model", "op:matmul-96x64x80", "--search", "transfer", "--trials", "8", "--store", store)
+    assert "donor model" in table.stdout and "op:matmul-64" in table.stdout
+
+
+@pytest.mark.parametrize("options, fragment", [
+    (["--search", "transfer", "-O", "transfer.per_donor=0"], "per_donor must be an integer >= 1, not 0"),
+    (["--search", "transfer", "-O", "search.untuned=maybe"], "untuned must be true or false"),
+    (["--search", "transfer", "--then", "nosuch"], "unknown search policy 'nosuch'"),
+    (["--search", "transfer", "--then", "random", "-O", "random.population=3"], "unknown option(s) for search 'random'"),
+])
+def test_bad_input_is_one_line_and_exit_2(options, fragment):
+    from conftest import assert_one_line_exit_2, run_cli
+
+    result = run_cli("run", "--model", "op:matmul-64", "--trials", "4", "--store", "memory:", *options)
+    assert_one_line_exit_2(result, fragment)
