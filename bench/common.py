@@ -52,7 +52,8 @@ def run_tunecore(model: str, trials: int, seed: int, *, search: str, cost_model:
     summary = json.loads(out)
     return {"wall_s": wall, "measured": summary["trials_measured"], "errors": summary["errors"],
             "ok": summary["trials_measured"] - summary["errors"], "best_latency_s": summary["tasks"][0]["best_latency_s"],
-            "estimated_latency_ms": summary["estimated_latency_ms"], "phase_s": summary.get("phase_s")}
+            "estimated_latency_ms": summary["estimated_latency_ms"], "phase_s": summary.get("phase_s"),
+            "elapsed_s": summary["elapsed_s"], "tasks": summary["tasks"]}
 
 
 def best_candidates(store_file: str, task, k: int) -> list:
@@ -128,6 +129,36 @@ def alternating_passes(timers: dict[str, Callable[[], float]], passes: int) -> d
         for name in list(timers) if p % 2 == 0 else list(reversed(timers)):
             samples[name].append(timers[name]())
     return samples
+
+
+def time_together(model: str, stores: dict[str, str], passes: int) -> dict:
+    """Build untuned + one build per store; check outputs; median latency over alternating passes."""
+    import numpy as np
+
+    from tunecore.compile import Runnable, build, max_relative_error, random_inputs
+    from tunecore.targets import resolve_target, use_target_threads
+    from tunecore.workloads import extract_tasks, load_workload
+    from tvm.s_tir import meta_schedule as ms
+
+    target = resolve_target("llvm")
+    use_target_threads(target)
+    workload = load_workload(model)
+    tasks = extract_tasks(workload, target)
+    inputs = random_inputs(workload)
+    runnables, builds = {}, {}
+    untuned = build(workload, target, ms.database.MemoryDatabase())
+    runnables["untuned"] = Runnable(untuned, workload, target, inputs)
+    expected = runnables["untuned"].outputs()
+    for name, path in stores.items():
+        executable, covered = build_from_store(workload, tasks, target, path)
+        runnables[name] = Runnable(executable, workload, target, inputs)
+        builds[name] = {"tasks_tuned": covered, "tasks_total": len(tasks),
+                        "max_relative_error": max_relative_error(runnables[name].outputs(), expected)}
+    samples = alternating_passes(
+        {name: (lambda r=r: r.time(1, min_repeat_ms=0)) if name == "untuned" else (lambda r=r: r.time(5, min_repeat_ms=200))
+         for name, r in runnables.items()}, passes)
+    return {name: {"latency_ms": float(np.median(s)) * 1e3, "passes_ms": [x * 1e3 for x in s], **builds.get(name, {})}
+            for name, s in samples.items()}
 
 
 def environment() -> dict:

@@ -20,40 +20,11 @@ import os
 import sys
 import tempfile
 
-import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import common  # noqa: E402
 from common import command_line, environment, write_results  # noqa: E402
-
-
-def time_together(model: str, stores: dict[str, str], passes: int) -> dict:
-    """Build untuned + one build per store; check outputs; median latency over alternating passes."""
-    from tunecore.compile import Runnable, build, max_relative_error, random_inputs
-    from tunecore.targets import resolve_target, use_target_threads
-    from tunecore.workloads import extract_tasks, load_workload
-    from tvm.s_tir import meta_schedule as ms
-
-    target = resolve_target("llvm")
-    use_target_threads(target)
-    workload = load_workload(model)
-    tasks = extract_tasks(workload, target)
-    inputs = random_inputs(workload)
-    runnables, builds = {}, {}
-    untuned = build(workload, target, ms.database.MemoryDatabase())
-    runnables["untuned"] = Runnable(untuned, workload, target, inputs)
-    expected = runnables["untuned"].outputs()
-    for name, path in stores.items():
-        executable, covered = common.build_from_store(workload, tasks, target, path)
-        runnables[name] = Runnable(executable, workload, target, inputs)
-        builds[name] = {"tasks_tuned": covered, "tasks_total": len(tasks),
-                        "max_relative_error": max_relative_error(runnables[name].outputs(), expected)}
-    samples = common.alternating_passes(
-        {name: (lambda r=r: r.time(1, min_repeat_ms=0)) if name == "untuned" else (lambda r=r: r.time(5, min_repeat_ms=200))
-         for name, r in runnables.items()}, passes)
-    return {name: {"latency_ms": float(np.median(s)) * 1e3, "passes_ms": [x * 1e3 for x in s], **builds.get(name, {})}
-            for name, s in samples.items()}
 
 
 def main() -> None:
@@ -82,7 +53,7 @@ def main() -> None:
               file=sys.stderr, flush=True)
 
     print("building and timing ...", file=sys.stderr, flush=True)
-    timed = time_together(args.model, stores, args.passes)
+    timed = common.time_together(args.model, stores, args.passes)
     report = {"benchmark": "network_searches", "model": args.model, "trials": args.trials, "seed": args.seed,
               "passes": args.passes, "runs": runs, "builds": timed, "environment": environment(),
               "command": command_line("network_searches.py")}

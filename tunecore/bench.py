@@ -102,14 +102,15 @@ def _save_results(out: str, results: dict[str, Any]) -> None:
     os.replace(path + ".tmp", path)  # a crash mid-write leaves the previous file
 
 
-def _copy_sqlite(source: str, destination: str) -> None:
+def copy_sqlite(source: str, destination: str) -> None:
     """A consistent copy of a SQLite store, even while another process writes to it."""
     with sqlite3.connect(f"file:{source}?mode=ro", uri=True) as src, sqlite3.connect(destination) as dst:
         src.backup(dst)
 
 
-def curve(store_file: str, cell_id: str) -> dict[str, Any]:
-    """Best latency so far against trials and against tuning seconds, from the cell's store alone.
+def curve(store_file: str, **run_info: Any) -> dict[str, Any]:
+    """Best latency so far against trials and against tuning seconds, from a store alone, counting the
+    runs whose info has the given values (a bench cell: ``bench_cell=cell.id``; or ``model=..., search=...``).
 
     For a network the latency is the estimate (sum of weight × best over its tasks), defined once
     every task has a successful record. Seconds count only the cell's runs: the time between an
@@ -120,7 +121,7 @@ def curve(store_file: str, cell_id: str) -> dict[str, Any]:
 
     store = SqliteStore(store_file)
     try:
-        runs = {r["run_id"]: r for r in store.runs() if r["info"].get("bench_cell") == cell_id}
+        runs = {r["run_id"]: r for r in store.runs() if all(r["info"].get(k) == v for k, v in run_info.items())}
         if not runs:
             return {"trials": [], "seconds": [], "best_s": []}
         model = next(iter(runs.values()))["info"]["model"]
@@ -212,7 +213,7 @@ def run_matrix(
             continue
         store_file = os.path.join(out, cell.store_path)
         if seed_store and not os.path.exists(store_file):
-            _copy_sqlite(seed_store, store_file)
+            copy_sqlite(seed_store, store_file)
         entry: dict[str, Any] = {"model": cell.model, "search": cell.search, "cost_model": cell.cost_model,
                                  "seed": cell.seed, "trials": trials, "store": cell.store_path, "error": None}
         started = time.time()
@@ -232,7 +233,7 @@ def run_matrix(
             entry.update({k: summary[k] for k in ("trials_total", "errors_total", "estimated_latency_ms", "phase_s")})
             entry["tasks"] = [{k: t[k] for k in ("name", "weight", "trials", "errors", "best_latency_s")}
                               for t in summary["tasks"]]
-        entry["curve"] = curve(store_file, cell.id)
+        entry["curve"] = curve(store_file, bench_cell=cell.id)
         entry["tuning_s"] = entry["curve"]["seconds"][-1] if entry["curve"]["seconds"] else None
         workload = workloads[cell.model]
         if e2e and workload.is_network and summary is not None:
