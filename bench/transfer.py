@@ -13,8 +13,8 @@
 3. % of maximum speedup = speedup(b) / speedup(c), speedups over untuned end to end (TT's definition:
    1.0 means transfer is as fast as full tuning). Search-time ratio = (d) / (b)'s tuning seconds.
 
-    python bench/transfer.py [--donors zoo:resnet-50,zoo:mobilenet-v2,zoo:bert-tiny] [--donor-trials 600]
-        [--targets zoo:resnet-18,zoo:bert-base] [--transfer-trials 200] [--full-trials 1000] [--cost-models none,xgb]
+    python bench/transfer.py [--donors zoo:resnet-50,zoo:mobilenet-v2,zoo:bert-tiny] [--donor-trials 400]
+        [--targets zoo:resnet-18,zoo:bert-base] [--transfer-trials 200] [--full-trials 800] [--cost-models none,xgb]
 
 Resumable: every tuning run is kept in --work and not repeated. Writes bench/results/transfer.{json,md}.
 """
@@ -40,10 +40,10 @@ PAPER = {"server CPU (Xeon E5-2620)": {"average_pct": 49, "max_pct": 88, "search
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--donors", default="zoo:resnet-50,zoo:mobilenet-v2,zoo:bert-tiny")
-    parser.add_argument("--donor-trials", type=int, default=600)
+    parser.add_argument("--donor-trials", type=int, default=400)
     parser.add_argument("--targets", default="zoo:resnet-18,zoo:bert-base")
     parser.add_argument("--transfer-trials", type=int, default=200)
-    parser.add_argument("--full-trials", type=int, default=1000)
+    parser.add_argument("--full-trials", type=int, default=800)
     parser.add_argument("--cost-models", default="none,xgb", help="cost models for transfer, comma-separated")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--passes", type=int, default=5)

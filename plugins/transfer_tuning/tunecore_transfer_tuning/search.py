@@ -99,22 +99,24 @@ class TransferSearch(SearchPolicy):
             key=lambda d: (d.target_json != task.target_json, shape_distance(task, d)),
         )[: self.max_donors]
         self._teach(donors)
-        pairs = self._pairs(state, donors)
-        ranked = self._rank(task, pairs)
-        state.queue = [p.candidate for p in ranked][: self.max_pairs]
-        state.pairs = {p.candidate.key: p for p in ranked}
+        untuned = None
         if self.untuned:
             from tunecore.space import new_schedule
 
             untuned = Candidate.from_schedule(task, new_schedule(task.mod), origin="untuned")
-            if untuned.key not in context.measured:
-                state.queue.insert(0, untuned)
+        ranked = self._rank(task, self._pairs(state, donors, exclude={untuned.key} if untuned else set()))
+        state.queue = [p.candidate for p in ranked][: self.max_pairs]
+        state.pairs = {p.candidate.key: p for p in ranked}
+        if untuned is not None and untuned.key not in context.measured:
+            state.queue.insert(0, untuned)
 
-    def _pairs(self, state: _TaskState, donors: list[Task]) -> list[_Pair]:
+    def _pairs(self, state: _TaskState, donors: list[Task], exclude: set[str]) -> list[_Pair]:
         task, space = state.context.task, state.context.space
-        pairs, seen = [], set(state.context.measured)
+        pairs, seen = [], set(state.context.measured) | exclude
         for donor in donors:
-            for record in self.store.best(donor.task_id, k=self.per_donor):
+            # a donor's unscheduled program (measured when it was a transfer target itself) is no schedule to reuse
+            tuned = [r for r in self.store.best(donor.task_id, k=self.per_donor + 1) if r.origin != "untuned"]
+            for record in tuned[: self.per_donor]:
                 try:
                     trace = record.candidate(donor).trace
                 except Exception:  # the donor's own record no longer replays (another TVM version)
