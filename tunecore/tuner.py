@@ -241,6 +241,7 @@ class Tuner:
 
     def _round(self, state: TaskState, n: int, trial_base: int, run_id: int) -> list[Record]:
         task = state.task
+        clock = time.perf_counter()  # starting a task (its design space, the policy's preparation) is search time
         if not state.started:
             from tunecore.space import DesignSpace
 
@@ -248,7 +249,6 @@ class Tuner:
             space = DesignSpace(task, seed=seed)
             self.search.start_task(TaskContext(task, space, seed, set(state.measured), state.history))
             state.started, state.history = True, []
-        clock = time.perf_counter()
         candidates = distinct(self.search.propose(task, n), state.measured)[:n]
         clock = self._spent("search", clock)
         if not candidates:
