@@ -31,6 +31,8 @@ sys.path.insert(0, HERE)
 import common  # noqa: E402
 from common import command_line, environment, write_results  # noqa: E402
 
+from tunecore.bench import copy_sqlite, curve  # noqa: E402
+
 # Transfer-Tuning (PACT'22), its abstract and section 6: share of Ansor's maximum speedup reached, and how
 # many times more search time Ansor needed to reach Transfer-Tuning's speedup.
 PAPER = {"server CPU (Xeon E5-2620)": {"average_pct": 49, "max_pct": 88, "search_time_ratio": 6.5},
@@ -75,8 +77,6 @@ def main() -> None:
 
             def transfer(store=stores[name], cost_model=cost_model):
                 common.remove_sqlite(store)
-                from tunecore.bench import copy_sqlite
-
                 copy_sqlite(pool, store)
                 return common.run_tunecore(model, args.transfer_trials, args.seed, search="transfer",
                                            cost_model=cost_model, store=store)
@@ -86,15 +86,14 @@ def main() -> None:
         stores["ansor+xgb"] = os.path.join(args.work, f"{slug}-ansor-xgb-{args.full_trials}.db")
         runs["ansor+xgb"] = common.cached_run(done, f"{model} ansor+xgb {args.full_trials} {args.seed}", lambda: common.run_tunecore(
             model, args.full_trials, args.seed, search="ansor", cost_model="xgb", store=f"sqlite:{stores['ansor+xgb']}"))
-        ansor_curve = _seconds_curve(stores["ansor+xgb"], model)
+        ansor_curve = curve(stores["ansor+xgb"], model=model, search="ansor")
         for name, run in runs.items():
             run["ansor_seconds_to_match"] = _seconds_to_reach(ansor_curve, run["estimated_latency_ms"])
         print(f"building and timing {model} ...", file=sys.stderr, flush=True)
         builds = common.time_together(model, stores, args.passes)
+        tasks = {name: run.pop("tasks") for name, run in runs.items()}
         results[model] = {"runs": runs, "builds": builds, "ansor_curve": ansor_curve,
-                          "transfer_tasks": {name: run.pop("tasks") for name, run in runs.items() if name.startswith("transfer")}}
-        for run in runs.values():
-            run.pop("tasks", None)
+                          "transfer_tasks": {name: t for name, t in tasks.items() if name.startswith("transfer")}}
 
     report = {"benchmark": "transfer", "donors": donor_runs, "targets": results, "paper": PAPER,
               "settings": {k: getattr(args, k) for k in ("donor_trials", "transfer_trials", "full_trials", "cost_models", "seed", "passes")},
@@ -102,12 +101,6 @@ def main() -> None:
     for run in donor_runs.values():
         run.pop("tasks", None)
     write_results(args.out, "transfer", report, markdown(report))
-
-
-def _seconds_curve(store_file: str, model: str) -> dict:
-    from tunecore.bench import curve
-
-    return curve(store_file, model=model, search="ansor")
 
 
 def _seconds_to_reach(curve: dict, estimate_ms: float | None) -> float | None:

@@ -13,8 +13,6 @@ from tunecore.interfaces import Candidate, MeasureResult, SearchPolicy, Task, Ta
 
 
 class SearchChain(SearchPolicy):
-    target_kinds = None
-
     def __init__(self, first: SearchPolicy, then: SearchPolicy):
         self.first, self.then = first, then
         self.name = f"{first.name}+{then.name}"

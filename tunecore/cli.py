@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"tunecore {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    run = sub.add_parser("run", help="tune a workload (resumes: records already in the store count)")
+    run = sub.add_parser("run", help="tune a workload (resumes: records of earlier runs of this workload count)")
     _add_common(run)
     run.add_argument("--search", default="random", help="search policy (see `tunecore plugins`)")
     run.add_argument("--then", default=None, metavar="SEARCH",

@@ -195,6 +195,25 @@ class Record:
         return MeasureResult(self.run_secs, self.error, self.build_secs, dict(self.profile))
 
 
+def check_options(**checks: tuple[object, bool, str]) -> None:
+    """Refuse bad option values (e.g. ``-O search.population=abc``) in a component's constructor, before any work.
+
+    Each check is ``name=(value, acceptable, what it must be)``; TypeError is what tunecore turns
+    into a one-line usage error.
+    """
+    for name, (value, acceptable, requirement) in checks.items():
+        if not acceptable:
+            raise TypeError(f"{name} must be {requirement}, not {value!r}")
+
+
+def is_int(value: object, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def is_number(value: object, low: float, high: float = float("inf")) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high
+
+
 class Component(abc.ABC):
     """Common to all roles. ``target_kinds`` = the TVM target kinds a component supports (None: all)."""
 

@@ -102,10 +102,9 @@ def components(
         if then:
             from tunecore.chain import SearchChain
 
-            opened.pop()
-            policy = SearchChain(policy, _construct(registry, "search", then, cost_model=model, store=record_store,
-                                                    seed=seed, **options.get(then, {})))
-            opened.append(policy)
+            follower = _construct(registry, "search", then, cost_model=model, store=record_store, seed=seed,
+                                  **options.get(then, {}))
+            opened[-1] = policy = SearchChain(policy, follower)  # closes both
         runner = _construct(registry, "measurer", measurer, target, **options_for(options, "measurer", measurer))
         opened.append(runner)
         yield policy, model, record_store, runner

@@ -177,7 +177,9 @@ class DesignSpace:
             else:
                 trace.apply_to_schedule(sch, remove_postproc=True, decision_provider=lambda *a: decision_provider(sch, *a))
         except Exception as error:  # schedule primitives refuse some decisions: invalid
-            return None, f"replay: {_first_error_line(error)}"
+            from tunecore.errors import error_line
+
+            return None, f"replay: {error_line(error, limit=160)}"
         if not self.apply_postprocs(sch, postprocs):
             return None, "rejected by a postprocessor"
         return sch, None
@@ -186,15 +188,6 @@ class DesignSpace:
         """The target's mutators (tile size, parallel, unroll, compute location...) with their probabilities."""
         probs = self.context.space_generator.mutator_probs or {}
         return [(m, float(p)) for m, p in probs.items()]
-
-
-def _first_error_line(error: Exception) -> str:
-    """The line of a TVM error that says what went wrong, without its traceback."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    for line in lines:
-        if "Error" in line and not line.startswith(("File ", "Traceback")):
-            return line[:160]
-    return (lines[0] if lines else type(error).__name__)[:160]
 
 
 def _rand_state(seed: int) -> int:

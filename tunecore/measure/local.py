@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 from typing import Any, Sequence
 
+from tunecore.errors import error_line
 from tunecore.interfaces import Candidate, Measurer, MeasureResult, Task
 from tunecore.measure import worker
 
@@ -81,7 +82,7 @@ class LocalMeasurer(Measurer):
             try:
                 mod_json = tvm.ir.save_json(candidate.mod)
             except Exception as error:  # the trace does not replay on this task: a failed candidate
-                result.error = f"build: cannot apply the schedule: {_last_line(error)}"
+                result.error = f"build: cannot apply the schedule: {error_line(error)}"
                 builds.append(None)
                 continue
             builds.append(self.builders.submit(worker.build, mod_json, self.target_json, self.artifact_dir))
@@ -127,16 +128,7 @@ def _describe(error: BaseException, timeout: float) -> str:
         return f"timed out after {timeout:g} s"
     if isinstance(error, ChildProcessError):
         return "the worker process crashed (e.g. a segmentation fault in the kernel)"
-    return _last_line(error)
-
-
-def _last_line(error: BaseException) -> str:
-    """The informative line of a (possibly remote, multi-line) error: the last 'SomethingError: ...' line."""
-    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
-    for line in reversed(lines):
-        if "Error" in line.split(":", 1)[0]:
-            return line[:1000]
-    return (lines[-1] if lines else type(error).__name__)[:1000]
+    return error_line(error)
 
 
 def _remove(path: str) -> None:

@@ -22,8 +22,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tunecore.interfaces import Candidate, CostModel, MeasureResult, Task
-from tunecore_ansor_search import check_options, is_int, is_number
+from tunecore.interfaces import Candidate, CostModel, MeasureResult, Task, check_options, is_int, is_number
 
 N_FEATURES = 164
 _FORMAT = "tunecore-xgb"

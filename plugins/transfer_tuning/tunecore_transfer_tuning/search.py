@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from tunecore.interfaces import Candidate, SearchPolicy, Task, TaskContext
+from tunecore.interfaces import Candidate, SearchPolicy, Task, TaskContext, check_options, is_int
 
 FITS = ("divisible", "padded")
 
@@ -60,15 +60,15 @@ def shape_distance(a: Task, b: Task) -> float:
 class _Pair:
     """A donor schedule replayed on the task."""
 
-    def __init__(self, candidate: Candidate, donor: Task, distance: float, donor_latency: float):
-        self.candidate, self.donor, self.distance, self.donor_latency = candidate, donor, distance, donor_latency
+    def __init__(self, candidate: Candidate, distance: float, donor_latency: float):
+        self.candidate, self.distance, self.donor_latency = candidate, distance, donor_latency
 
 
 class _TaskState:
     def __init__(self, context: TaskContext):
         self.context = context
         self.queue: list[Candidate] = []
-        self.pairs: dict[str, _Pair] = {}  # candidate key -> where it came from
+        self.pairs = 0  # donor schedules that replayed on the task
         self.skipped: collections.Counter[str] = collections.Counter()
 
 
@@ -78,14 +78,13 @@ class TransferSearch(SearchPolicy):
     def __init__(self, *, per_donor: int = 2, max_pairs: int | None = None, max_donors: int = 32,
                  train_per_donor: int = 64, untuned: bool = True, **kwargs: Any):
         super().__init__(**kwargs)
-        for option, value, low in (("per_donor", per_donor, 1), ("max_donors", max_donors, 1),
-                                   ("train_per_donor", train_per_donor, 0), ("max_pairs", max_pairs, 1)):
-            if option == "max_pairs" and value is None:
-                continue
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise TypeError(f"{option} must be an integer >= {low}, not {value!r}")
-        if not isinstance(untuned, bool):
-            raise TypeError(f"untuned must be true or false, not {untuned!r}")
+        check_options(
+            per_donor=(per_donor, is_int(per_donor, 1), "an integer >= 1"),
+            max_pairs=(max_pairs, max_pairs is None or is_int(max_pairs, 1), "an integer >= 1"),
+            max_donors=(max_donors, is_int(max_donors, 1), "an integer >= 1"),
+            train_per_donor=(train_per_donor, is_int(train_per_donor, 0), "an integer >= 0"),
+            untuned=(untuned, isinstance(untuned, bool), "true or false"),
+        )
         self.per_donor, self.max_pairs, self.max_donors = per_donor, max_pairs, max_donors
         self.train_per_donor, self.untuned = train_per_donor, untuned
         self.tasks: dict[str, _TaskState] = {}
@@ -106,7 +105,7 @@ class TransferSearch(SearchPolicy):
             untuned = Candidate.from_schedule(task, new_schedule(task.mod), origin="untuned")
         ranked = self._rank(task, self._pairs(state, donors, exclude={untuned.key} if untuned else set()))
         state.queue = [p.candidate for p in ranked][: self.max_pairs]
-        state.pairs = {p.candidate.key: p for p in ranked}
+        state.pairs = len(ranked)
         if untuned is not None and untuned.key not in context.measured:
             state.queue.insert(0, untuned)
 
@@ -130,7 +129,7 @@ class TransferSearch(SearchPolicy):
                     candidate = Candidate.from_schedule(task, sch, origin=f"transfer:{donor.task_id}")
                     if candidate.key not in seen:
                         seen.add(candidate.key)
-                        pairs.append(_Pair(candidate, donor, shape_distance(task, donor), record.latency))
+                        pairs.append(_Pair(candidate, shape_distance(task, donor), record.latency))
         return pairs
 
     def _teach(self, donors: list[Task]) -> None:
