@@ -133,6 +133,12 @@ def _console(stderr: bool = False) -> Any:
     return Console(stderr=stderr, width=width)
 
 
+def _stop(progress: Any) -> None:
+    """Stop a progress display; one that never started would print an empty line before a usage error."""
+    if progress.live.is_started:
+        progress.stop()
+
+
 def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.4g}"
 
@@ -176,7 +182,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             round_size=args.round_size, on_round=on_round, on_tasks=on_tasks, then=args.then,
         )
     finally:
-        progress.stop()
+        _stop(progress)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -422,7 +428,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                    seed_store=args.store, e2e=not args.no_e2e, on_cell=on_cell, on_round=on_round)
         progress.update(matrix, completed=len(cells), note="")
     finally:
-        progress.stop()
+        _stop(progress)
     report.write_markdown_and_plots(results, args.out)
     print(report.markdown(results))
     print(f"wrote {args.out}/results.json, results.md, plots/; `tunecore report {args.out}` renders an HTML page",
