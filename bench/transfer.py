@@ -7,13 +7,15 @@
    (c) `tunecore run --search ansor --cost-model xgb` from an empty store at a much larger budget:
        the "maximum speedup";
    (d) from (c)'s store: the tuning seconds ansor needed until its estimated latency (sum over tasks
-       of weight x best kernel latency) was as low as transfer's.
+       of weight x best kernel latency) was as low as transfer's. A task ansor has not measured yet
+       counts at its untuned latency (from transfer's measurement of the unscheduled program), so
+       ansor's curve starts at its first trial, not only once every task has a record.
    Then the target is built untuned (a), with (b)'s and with (c)'s records and all builds are timed
    together in alternating passes (`common.time_together`).
 3. % of maximum speedup = speedup(b) / speedup(c), speedups over untuned end to end (TT's definition:
    1.0 means transfer is as fast as full tuning). Search-time ratio = (d) / (b)'s tuning seconds.
 
-    python bench/transfer.py [--donors zoo:resnet-50,zoo:mobilenet-v2,zoo:bert-tiny] [--donor-trials 400]
+    python bench/transfer.py [--donors zoo:resnet-50,zoo:mobilenet-v2,zoo:bert-tiny] [--donor-trials 1000]
         [--targets zoo:resnet-18,zoo:bert-base] [--transfer-trials 200] [--full-trials 800] [--cost-models none,xgb]
 
 Resumable: every tuning run is kept in --work and not repeated. Writes bench/results/transfer.{json,md}.
@@ -42,7 +44,7 @@ PAPER = {"server CPU (Xeon E5-2620)": {"average_pct": 49, "max_pct": 88, "search
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--donors", default="zoo:resnet-50,zoo:mobilenet-v2,zoo:bert-tiny")
-    parser.add_argument("--donor-trials", type=int, default=400)
+    parser.add_argument("--donor-trials", type=int, default=1000)
     parser.add_argument("--targets", default="zoo:resnet-18,zoo:bert-base")
     parser.add_argument("--transfer-trials", type=int, default=200)
     parser.add_argument("--full-trials", type=int, default=800)
@@ -60,12 +62,14 @@ def main() -> None:
 
     os.makedirs(args.work, exist_ok=True)
     done = os.path.join(args.work, "runs.json")
-    pool = os.path.join(args.work, "donors.db")
-    donor_runs = {}
-    for i, model in enumerate(donors):  # one pool: each run adds its model to the same store
-        key = f"donor {model} ansor xgb {args.donor_trials} {args.seed} after {','.join(donors[:i])}"
-        donor_runs[model] = common.cached_run(done, key, lambda: common.run_tunecore(
-            model, args.donor_trials, args.seed, search="ansor", cost_model="xgb", store=pool))
+    pool = os.path.join(args.work, f"donors-{args.donor_trials}-{args.seed}.db")
+
+    def tune_donors() -> dict:  # one pool, filled from empty: each run adds its model to the same store
+        common.remove_sqlite(pool)
+        return {model: common.run_tunecore(model, args.donor_trials, args.seed, search="ansor", cost_model="xgb", store=pool)
+                for model in donors}
+
+    donor_runs = common.cached_run(done, f"donors {','.join(donors)} ansor xgb {args.donor_trials} {args.seed}", tune_donors)
 
     results = {}
     for model in targets:
@@ -81,12 +85,13 @@ def main() -> None:
                 return common.run_tunecore(model, args.transfer_trials, args.seed, search="transfer",
                                            cost_model=cost_model, store=store)
 
-            runs[name] = common.cached_run(done, f"{model} {name} {args.transfer_trials} {args.seed} pool {args.donor_trials}",
+            runs[name] = common.cached_run(done, f"{model} {name} {args.transfer_trials} {args.seed} pool {args.donors} {args.donor_trials}",
                                            transfer)
         stores["ansor+xgb"] = os.path.join(args.work, f"{slug}-ansor-xgb-{args.full_trials}.db")
         runs["ansor+xgb"] = common.cached_run(done, f"{model} ansor+xgb {args.full_trials} {args.seed}", lambda: common.run_tunecore(
             model, args.full_trials, args.seed, search="ansor", cost_model="xgb", store=f"sqlite:{stores['ansor+xgb']}"))
-        ansor_curve = curve(stores["ansor+xgb"], model=model, search="ansor")
+        ansor_curve = curve(stores["ansor+xgb"], model=model, search="ansor",
+                            start_s=_untuned_latencies(next(s for n, s in stores.items() if n.startswith("transfer"))))
         for name, run in runs.items():
             run["ansor_seconds_to_match"] = _seconds_to_reach(ansor_curve, run["estimated_latency_ms"])
         print(f"building and timing {model} ...", file=sys.stderr, flush=True)
@@ -101,6 +106,18 @@ def main() -> None:
     for run in donor_runs.values():
         run.pop("tasks", None)
     write_results(args.out, "transfer", report, markdown(report))
+
+
+def _untuned_latencies(store_file: str) -> dict[str, float]:
+    """Task id -> latency of its unscheduled program, as transfer measured it."""
+    from tunecore.store.sqlite import SqliteStore
+
+    store = SqliteStore(store_file)
+    try:
+        return {t.task_id: r.latency for t in store.get_tasks() for r in store.records(t.task_id)
+                if r.origin == "untuned" and r.latency is not None}
+    finally:
+        store.close()
 
 
 def _seconds_to_reach(curve: dict, estimate_ms: float | None) -> float | None:

@@ -123,4 +123,15 @@ def test_a_network_cell_is_compiled_and_timed_end_to_end(tmp_path):
     # a network's curve is the estimate: sum over tasks of weight x best, defined once every task has a success
     assert entry["curve"]["trials"][-1] == 42
     assert entry["curve"]["best_s"][-1] * 1e3 == pytest.approx(entry["estimated_latency_ms"])
+    # given each task's latency before tuning, the curve starts at the first trial and ends at the same estimate
+    from tunecore.store.sqlite import SqliteStore
+
+    store = SqliteStore(os.path.join(out, cell.store_path))
+    weights = {t.task_id: t.weight for t in store.get_tasks()}
+    store.close()
+    started = bench.curve(os.path.join(out, cell.store_path), bench_cell=cell.id, start_s=dict.fromkeys(weights, 1.0))
+    assert started["trials"][0] == 1
+    assert sum(weights.values()) - max(weights.values()) < started["best_s"][0] < sum(weights.values())
+    assert started["best_s"] == sorted(started["best_s"], reverse=True)
+    assert started["best_s"][-1] == pytest.approx(entry["curve"]["best_s"][-1])
     assert "| zoo:bert-tiny | random | none | 0 | finished | 42 (0) |" in report.markdown(results)

@@ -108,12 +108,13 @@ def copy_sqlite(source: str, destination: str) -> None:
         src.backup(dst)
 
 
-def curve(store_file: str, **run_info: Any) -> dict[str, Any]:
+def curve(store_file: str, *, start_s: dict[str, float] | None = None, **run_info: Any) -> dict[str, Any]:
     """Best latency so far against trials and against tuning seconds, from a store alone, counting the
     runs whose info has the given values (a bench cell: ``bench_cell=cell.id``; or ``model=..., search=...``).
 
     For a network the latency is the estimate (sum of weight × best over its tasks), defined once
-    every task has a successful record. Seconds count only the cell's runs: the time between an
+    every task has a successful record, or from the first record on if ``start_s`` gives each task's
+    latency before tuning (task id -> seconds, e.g. its untuned program's). Seconds count only the cell's runs: the time between an
     interruption and the resumed run is left out. Points are kept where the best improves, plus
     the last trial.
     """
@@ -138,7 +139,7 @@ def curve(store_file: str, **run_info: Any) -> dict[str, Any]:
         started = runs[run_id]["started_at"]
         offsets[run_id] = elapsed - started
         elapsed += (runs[run_id]["finished_at"] or last_at.get(run_id, started)) - started
-    best: dict[str, float] = {}
+    best = {t: s for t, s in (start_s or {}).items() if t in weights}
     points: list[tuple[int, float, float]] = []
     records.sort(key=lambda r: (r.trial, r.measured_at))
     for i, r in enumerate(records):
