@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("tunecore_transfer_tuning")
 
 from tunecore.chain import SearchChain  # noqa: E402
-from tunecore.interfaces import CostModel, Record  # noqa: E402
+from tunecore.interfaces import Candidate, CostModel, MeasureResult, Record  # noqa: E402
 from tunecore.registry import Registry  # noqa: E402
 from tunecore.store.sqlite import MemoryStore  # noqa: E402
 from tunecore.testing import InstantMeasurer, sample_candidates  # noqa: E402
@@ -80,6 +80,19 @@ def test_a_task_gets_its_donors_schedule_refitted():
     best = store.best(task.task_id)[0]
     assert report["speedup_over_untuned"] == pytest.approx(records[0].latency / best.latency)
     assert summary["tasks"][0]["stopped"] == "search 'transfer' has no new candidates"
+
+
+def test_a_transfer_slower_than_the_untuned_program_is_reported_as_such():
+    donor, task = tiny_task("matmul-64"), tiny_task("matmul-128")
+    store = _store_with_donor(donor)
+    store.put_tasks([task])
+    untuned, transferred = sample_candidates(task, 2, seed=3)
+    store.commit([Record.from_result(Candidate(task, c.trace_json, origin=origin), MeasureResult(run_secs=[secs]), trial=i)
+                  for i, (c, origin, secs) in enumerate([(untuned, "untuned", 1e-6),
+                                                         (transferred, f"transfer:{donor.task_id}", 4e-6)])])
+    report = _transfer(store).task_report(task)
+    assert report["speedup_over_untuned"] == pytest.approx(0.25) and report["donor_task"] == "matmul-64"
+    assert report["note"].startswith("transferred, but slower than the untuned program")
 
 
 def test_a_class_without_donors_is_reported():

@@ -188,10 +188,13 @@ class TransferSearch(SearchPolicy):
             "pairs": len(transferred),
             "speedup_over_untuned": untuned / best.latency if best and untuned else None,
             "skipped": dict(state.skipped) if state else {},
-            "note": self._note(task, state, transferred, best),
+            "note": self._note(task, state, transferred, best, untuned),
         }
 
-    def _note(self, task: Task, state: _TaskState | None, transferred: list, best: Any) -> str:
+    def _note(self, task: Task, state: _TaskState | None, transferred: list, best: Any, untuned: float | None) -> str:
+        if best is not None and untuned is not None and untuned < best.latency:
+            # e.g. a tiny reshape given a donor's parallel schedule: thread start-up outweighs the work
+            return "transferred, but slower than the untuned program (which the build keeps)"
         if best is not None:
             return "transferred"
         if transferred:
