@@ -95,6 +95,18 @@ def test_a_transfer_slower_than_the_untuned_program_is_reported_as_such():
     assert report["note"].startswith("transferred, but slower than the untuned program")
 
 
+def test_a_kernel_already_tuned_by_a_search_is_used_as_it_is():
+    donor, task = tiny_task("matmul-64"), tiny_task("matmul-128")
+    store = _store_with_donor(donor)
+    tuned = _store_with_donor(task, n=4)  # another model's run tuned this very kernel (origin "test": a search)
+    store.put_tasks([task])
+    store.commit(tuned.records(task.task_id))
+    summary = _tune(_transfer(store), store, task, trials=16)
+    assert summary["trials_measured"] == 0 and len(store.records(task.task_id)) == 4
+    report = summary["tasks"][0]["search_report"]
+    assert report["note"] == "kernel already tuned in the store (4 programs), used as it is" and report["pairs"] == 0
+
+
 def test_a_class_without_donors_is_reported():
     store = _store_with_donor(tiny_task("matmul-64"))
     conv = tiny_task("c2d-2")

@@ -93,6 +93,10 @@ class TransferSearch(SearchPolicy):
     def start_task(self, context: TaskContext) -> None:
         task = context.task
         state = self.tasks[task.task_id] = _TaskState(context)
+        if _searched(context.history):
+            # the same kernel, tuned by a search in an earlier run (models share kernels: resnet-18's stem
+            # conv is resnet-50's); no donor schedule is closer than its own, so no pair is worth a trial
+            return
         donors = sorted(
             (d for d in self.store.tasks_by_kernel_class(task.kernel_class, task.target_kind) if d.task_id != task.task_id),
             key=lambda d: (d.target_json != task.target_json, shape_distance(task, d)),
@@ -199,9 +203,9 @@ class TransferSearch(SearchPolicy):
             return "transferred"
         if transferred:
             return "every transferred schedule failed to build or run"
-        tuned = [r for r in self.store.records(task.task_id) if r.latency is not None and r.origin != "untuned"]
-        if tuned:
-            return f"kernel already in the store ({len(tuned)} programs); no pair measured"
+        searched = _searched(self.store.records(task.task_id))
+        if searched:
+            return f"kernel already tuned in the store ({len(searched)} programs), used as it is"
         if not [d for d in self.store.tasks_by_kernel_class(task.kernel_class, task.target_kind) if d.task_id != task.task_id]:
             return f"no donor of class {task.kernel_class} in the store"
         if state is None:
@@ -209,6 +213,11 @@ class TransferSearch(SearchPolicy):
         if not state.pairs:
             return f"none of {sum(state.skipped.values())} donor schedules replays on this task"
         return "no pair measured yet (budget)"
+
+
+def _searched(records: list) -> list:
+    """The successful records a search policy measured (not transfer's pairs, not untuned programs)."""
+    return [r for r in records if r.latency is not None and r.origin != "untuned" and not r.origin.startswith("transfer:")]
 
 
 def _refitter(fit: str) -> Any:
