@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import tempfile
 
@@ -194,9 +195,9 @@ def markdown(report: dict) -> str:
         for name, tasks in result["transfer_tasks"].items():
             notes: dict[str, int] = {}
             for t in tasks:
-                note = t["search_report"].get("note", "-")
+                note = re.sub(r" \(\d+ programs\)", "", t["search_report"].get("note", "-"))
                 notes[note] = notes.get(note, 0) + 1
-            lines.append(f"- {model} {name}: " + ", ".join(f"{n} tasks {k}" for k, n in notes.items()))
+            lines.append(f"- {model} {name}: " + "; ".join(f"{n} × {k}" for k, n in notes.items()))
     lines.append("")
     return "\n".join(lines)
 
