@@ -20,7 +20,6 @@ import os
 import sys
 import tempfile
 
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import common  # noqa: E402

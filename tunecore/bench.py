@@ -114,9 +114,9 @@ def curve(store_file: str, *, start_s: dict[str, float] | None = None, **run_inf
 
     For a network the latency is the estimate (sum of weight × best over its tasks), defined once
     every task has a successful record, or from the first record on if ``start_s`` gives each task's
-    latency before tuning (task id -> seconds, e.g. its untuned program's). Seconds count only the cell's runs: the time between an
-    interruption and the resumed run is left out. Points are kept where the best improves, plus
-    the last trial.
+    latency before tuning (task id -> seconds, e.g. its untuned program's). Seconds count only the
+    cell's runs: the time between an interruption and the resumed run is left out. Points are kept
+    where the best improves, plus the last trial.
     """
     from tunecore.store.sqlite import SqliteStore
 

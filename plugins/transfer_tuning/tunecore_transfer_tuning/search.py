@@ -97,10 +97,8 @@ class TransferSearch(SearchPolicy):
             # the same kernel, tuned by a search in an earlier run (models share kernels: resnet-18's stem
             # conv is resnet-50's); no donor schedule is closer than its own, so no pair is worth a trial
             return
-        donors = sorted(
-            (d for d in self.store.tasks_by_kernel_class(task.kernel_class, task.target_kind) if d.task_id != task.task_id),
-            key=lambda d: (d.target_json != task.target_json, shape_distance(task, d)),
-        )[: self.max_donors]
+        donors = sorted(self._same_class(task), key=lambda d: (d.target_json != task.target_json, shape_distance(task, d)))
+        donors = donors[: self.max_donors]
         self._teach(donors)
         untuned = None
         if self.untuned:
@@ -192,10 +190,15 @@ class TransferSearch(SearchPolicy):
             "pairs": len(transferred),
             "speedup_over_untuned": untuned / best.latency if best and untuned else None,
             "skipped": dict(state.skipped) if state else {},
-            "note": self._note(task, state, transferred, best, untuned),
+            "note": self._note(task, state, records, transferred, best, untuned),
         }
 
-    def _note(self, task: Task, state: _TaskState | None, transferred: list, best: Any, untuned: float | None) -> str:
+    def _same_class(self, task: Task) -> list[Task]:
+        """Every other stored task of the task's kernel class and target kind: its possible donors."""
+        return [d for d in self.store.tasks_by_kernel_class(task.kernel_class, task.target_kind) if d.task_id != task.task_id]
+
+    def _note(self, task: Task, state: _TaskState | None, records: list, transferred: list, best: Any,
+              untuned: float | None) -> str:
         if best is not None and untuned is not None and untuned < best.latency:
             # e.g. a tiny reshape given a donor's parallel schedule: thread start-up outweighs the work
             return "transferred, but slower than the untuned program (which the build keeps)"
@@ -203,10 +206,10 @@ class TransferSearch(SearchPolicy):
             return "transferred"
         if transferred:
             return "every transferred schedule failed to build or run"
-        searched = _searched(self.store.records(task.task_id))
+        searched = _searched(records)
         if searched:
             return f"kernel already tuned in the store ({len(searched)} programs), used as it is"
-        if not [d for d in self.store.tasks_by_kernel_class(task.kernel_class, task.target_kind) if d.task_id != task.task_id]:
+        if not self._same_class(task):
             return f"no donor of class {task.kernel_class} in the store"
         if state is None:
             return "not started (no budget left for it)"
