@@ -10,6 +10,17 @@ REGISTRY = Registry()
 OPTIONS = {"ansor": {"population": 48, "iterations": 2}, "xgb": {"min_data": 4}, "transfer": {"per_donor": 8}}
 
 
+# What this repository ships (core + plugins/): a component that is not installed fails here instead of
+# silently dropping out of the suites below.
+SHIPPED = {"search": {"random", "ansor", "transfer"}, "cost_model": {"none", "xgb"}, "store": {"sqlite", "memory"},
+           "measurer": {"local"}}
+
+
+@pytest.mark.parametrize("role", sorted(SHIPPED))
+def test_every_shipped_component_is_installed(role):
+    assert SHIPPED[role] <= set(REGISTRY.names(role)), f"not installed: {SHIPPED[role] - set(REGISTRY.names(role))}"
+
+
 class TestSearchPolicies(SearchPolicyConformance):
     options_by_name = OPTIONS
 

@@ -281,7 +281,11 @@ class CostModel(Component):
     """Predicts which candidates run fast, learning from measured ones.
 
     Built by the core as ``cls(seed=..., **options)``. One instance serves every task of a run.
+    ``learns`` says whether ``update`` teaches it anything; the conformance suite holds a model
+    that says so to ranking programs it has not seen.
     """
+
+    learns: ClassVar[bool] = True
 
     def __init__(self, *, seed: int = 0, **options: Any):
         if options:

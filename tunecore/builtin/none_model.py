@@ -9,6 +9,7 @@ from tunecore.interfaces import CostModel
 
 class NoneModel(CostModel):
     name = "none"
+    learns = False
 
     def update(self, task, candidates, results) -> None:
         pass

@@ -15,7 +15,14 @@ from tunecore.testing.conformance import (
     RecordStoreConformance,
     SearchPolicyConformance,
 )
-from tunecore.testing.helpers import InstantMeasurer, remeasure_together, sample_candidates, tiny_task
+from tunecore.testing.helpers import (
+    InstantMeasurer,
+    hashed_latency,
+    remeasure_together,
+    sample_candidates,
+    tiled_latency,
+    tiny_task,
+)
 
 __all__ = [
     "CostModelConformance",
@@ -23,7 +30,9 @@ __all__ = [
     "MeasurerConformance",
     "RecordStoreConformance",
     "SearchPolicyConformance",
+    "hashed_latency",
     "remeasure_together",
     "sample_candidates",
+    "tiled_latency",
     "tiny_task",
 ]
