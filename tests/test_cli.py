@@ -10,12 +10,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, assert_one_line_exit_2, run_cli
-
-
-def _json(result):
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
+from conftest import ROOT, assert_one_line_exit_2, cli_json as _json, run_cli
 
 
 def test_run_stores_records_and_resumes_with_the_difference(tmp_path):
@@ -23,7 +18,7 @@ def test_run_stores_records_and_resumes_with_the_difference(tmp_path):
     first = _json(run_cli("run", "--model", "op:matmul-64", "--trials", "8", "--store", store, "--json"))
     assert first["trials_measured"] == 8 and first["trials_total"] == 8
     (task,) = first["tasks"]
-    assert set(task) >= {"name", "weight", "flops", "trials", "best_latency_s"}
+    assert set(task) >= {"name", "weight", "flops", "trials", "best_latency_s"}  # keys a script reads (more may come)
     assert task["name"] == "matmul-64" and task["flops"] == 2 * 64**3 and task["best_latency_s"] > 0
     second = _json(run_cli("run", "--model", "op:matmul-64", "--trials", "12", "--store", store, "--json"))
     assert second["trials_measured"] == 4 and second["trials_total"] == 12
@@ -44,27 +39,6 @@ def test_human_output_has_a_summary_table(tmp_path):
     result = run_cli("run", "--model", "op:matmul-64", "--trials", "4", "--store", "memory:")
     assert result.returncode == 0, result.stderr
     assert "matmul-64" in result.stdout and "best ms" in result.stdout and "measured 4 candidates" in result.stdout
-
-
-def test_compile_checks_outputs_and_times_both(tmp_path):
-    store = str(tmp_path / "t.db")
-    _json(run_cli("run", "--model", "op:matmul-64", "--trials", "6", "--store", store, "--json"))
-    library = str(tmp_path / "tuned.so")
-    report = _json(run_cli("compile", "--model", "op:matmul-64", "--store", store, "-o", library, "--json"))
-    assert report["outputs_match"] is True and report["tasks_tuned"] == 1
-    assert report["latency_ms"] > 0 and report["untuned_latency_ms"] > 0
-    assert os.path.getsize(library) > 0
-
-
-def test_onnx_model_tunes_and_compiles(tmp_path):
-    model = tmp_path / "tiny.onnx"
-    _write_tiny_onnx(str(model))
-    store = str(tmp_path / "t.db")
-    summary = _json(run_cli("run", "--model", str(model), "--trials", "9", "--store", store, "--json"))
-    assert {t["name"] for t in summary["tasks"]} >= {"fused_conv2d_add_relu", "matmul"}
-    assert summary["trials_measured"] == 9 and summary["errors"] == 0
-    report = _json(run_cli("compile", "--model", str(model), "--store", store, "--json"))
-    assert report["outputs_match"] is True and report["tasks_tuned"] >= 2
 
 
 def test_tasks_of_a_zoo_model():
@@ -171,26 +145,3 @@ def _count(store):
             return db.execute("SELECT COUNT(*) FROM records").fetchone()[0]
     except sqlite3.Error:
         return 0
-
-
-def _write_tiny_onnx(path):
-    import numpy as np
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(0)
-    weights = [
-        numpy_helper.from_array(rng.standard_normal((16, 3, 3, 3)).astype("float32"), "W"),
-        numpy_helper.from_array(rng.standard_normal(16).astype("float32"), "B"),
-        numpy_helper.from_array(rng.standard_normal((16 * 8 * 8, 10)).astype("float32") * 0.05, "W2"),
-        numpy_helper.from_array(np.array([1, -1], dtype=np.int64), "shape"),
-    ]
-    nodes = [
-        helper.make_node("Conv", ["x", "W", "B"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2]),
-        helper.make_node("Relu", ["c"], ["r"]),
-        helper.make_node("Reshape", ["r", "shape"], ["f"]),
-        helper.make_node("MatMul", ["f", "W2"], ["y"]),
-    ]
-    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 16, 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])], weights)
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)

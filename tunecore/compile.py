@@ -1,7 +1,7 @@
 """End-to-end compile of a workload with the best stored schedules (``tunecore compile``).
 
 The tuned build is checked against the untuned build of the same module on the same random inputs,
-and both are timed in this process, one after the other.
+and both are timed in this process, one after the other, the same way.
 """
 
 from __future__ import annotations
@@ -43,20 +43,25 @@ def best_database(store: RecordStore, tasks: list, target: Any) -> tuple[Any, in
 
 def build(workload: Workload, target: Any, database: Any) -> Any:
     """An executable of the workload with the database's schedules (an empty database: untuned)."""
-    import tvm
     from tvm.s_tir import meta_schedule as ms
 
     if workload.is_network:
         return ms.relax_integration.compile_relax(database, workload.mod, target, params=None)
-    record = database.query_tuning_record(workload.mod, target, "main")
-    mod = workload.mod
-    if record is not None:
-        sch = tvm.s_tir.Schedule(mod)
-        record.trace.apply_to_schedule(sch, remove_postproc=False)
-        mod = sch.mod
     from tvm.s_tir.meta_schedule.builder.local_builder import default_build
 
-    return default_build(mod, target, None)
+    return default_build(scheduled_operator(workload, target, database), target, None)
+
+
+def scheduled_operator(workload: Workload, target: Any, database: Any) -> Any:
+    """A single operator's module as ``build`` compiles it: its database record's schedule applied (none: as it is)."""
+    from tunecore.space import new_schedule
+
+    record = database.query_tuning_record(workload.mod, target, "main")
+    if record is None:
+        return workload.mod
+    sch = new_schedule(workload.mod)
+    record.trace.apply_to_schedule(sch, remove_postproc=False)
+    return sch.mod
 
 
 def _device(target: Any) -> Any:
@@ -139,8 +144,9 @@ def _flatten(value: Any) -> list:
 
 
 def compile_and_check(workload: Workload, target: Any, store: RecordStore, *, output: str | None = None,
-                      repeat: int = 5, untuned_repeat: int = 3) -> dict[str, Any]:
-    """Build tuned and untuned, compare outputs, time both. Returns the report ``tunecore compile --json`` prints."""
+                      repeat: int = 5, min_repeat_ms: int = 200) -> dict[str, Any]:
+    """Build tuned and untuned, compare outputs, time both the same way (median of ``repeat`` timings, each
+    as many calls as fill ``min_repeat_ms``). Returns the report ``tunecore compile --json`` prints."""
     from tvm.s_tir import meta_schedule as ms
 
     from tunecore.targets import use_target_threads
@@ -157,8 +163,8 @@ def compile_and_check(workload: Workload, target: Any, store: RecordStore, *, ou
     untuned_run = Runnable(untuned, workload, target, inputs)
     expected, got = untuned_run.outputs(), tuned_run.outputs()
     error = max_relative_error(got, expected)
-    latency = tuned_run.time(repeat, min_repeat_ms=200)
-    untuned_latency = untuned_run.time(untuned_repeat, min_repeat_ms=0)
+    latency = tuned_run.time(repeat, min_repeat_ms)
+    untuned_latency = untuned_run.time(repeat, min_repeat_ms)
     if output:
         tuned.export_library(output)
     return {
