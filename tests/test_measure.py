@@ -65,3 +65,25 @@ def test_integer_index_inputs_do_not_crash_gathers(measurer, target):
     (take,) = [t for t in extract_tasks(load_workload("zoo:bert-tiny"), target) if t.name == "take"]
     (result,) = measurer.measure(take, _candidates(take, 1))
     assert result.error is None and result.latency > 0
+
+
+def test_clearly_slow_candidates_are_timed_once(target):
+    """The naive loop nest of a 128^3 matmul is many times slower than tiled programs: once a fast
+    program of the task was measured, it is timed once (its cold run) instead of `repeat` times."""
+    from tunecore.testing import tiny_task
+
+    task = tiny_task("matmul-128")
+    naive = Candidate.from_schedule(task, new_schedule(task.mod))
+    screening = LocalMeasurer(target, screen=2.0, repeat=3)
+    everything = LocalMeasurer(target, screen=0, repeat=3)
+    try:
+        tiled = screening.measure(task, _candidates(task, 4))
+        fastest = min(tiled, key=lambda r: r.latency)
+        assert len(fastest.run_secs) == 3  # what is not clearly slow gets every repeat
+        (slow,) = screening.measure(task, [naive])
+        assert slow.error is None and len(slow.run_secs) == 1 and slow.latency > 2.0 * fastest.latency
+        (timed,) = everything.measure(task, [naive])
+        assert len(timed.run_secs) == 3  # screen=0 times everything fully
+    finally:
+        screening.close()
+        everything.close()

@@ -47,7 +47,7 @@ def test_summary_splits_the_time_by_phase(matmul_task, target):
     summary = _tuner(MemoryStore(), target).tune([matmul_task], 12)
     phases = summary["phase_s"]
     assert set(phases) == {"search", "measure", "store", "learn"}
-    assert all(v >= 0 for v in phases.values()) and phases["search"] > 0
+    assert all(v > 0 for v in phases.values())  # every phase ran and took time, learning included
     assert sum(phases.values()) <= summary["elapsed_s"] + 1e-3
 
 
@@ -66,9 +66,12 @@ def test_same_seed_same_candidates(matmul_task, target):
 def test_exhausted_task_stops_the_loop(target):
     from tunecore.testing import tiny_task
 
-    task = tiny_task("nrm-0")  # a reduction with a small design space
-    summary = _tuner(MemoryStore(), target).tune([task], 100000)
-    assert summary["status"] == "finished" and summary["trials_measured"] < 100000
+    task = tiny_task("nrm-0")  # a reduction whose space has 60 distinct programs
+    store = MemoryStore()
+    summary = _tuner(store, target).tune([task], 100000)
+    # seed 0 finds 59 of them before 64 samples in a row bring nothing new (the 60th is rare)
+    assert summary["status"] == "finished" and summary["trials_measured"] == 59
+    assert len({r.key for r in store.records(task.task_id)}) == 59
     assert summary["tasks"][0]["stopped"] == "search 'random' has no new candidates"
 
 

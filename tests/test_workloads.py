@@ -5,21 +5,22 @@ from tunecore.workloads import extract_tasks, kernel_class_of, load_workload
 from tunecore.workloads.ops import op_names
 from tunecore.workloads.zoo import ZOO_NAMES
 
-# (tasks, GFLOP) with batch-norm folded into the convolutions, as deployed models are
+# (tasks, kernel calls per inference = sum of weights, GFLOP) with batch-norm folded into the convolutions,
+# as deployed models are
 ZOO_EXPECTED = {
-    "resnet-18": (22, 3.64), "resnet-50": (32, 8.21), "mobilenet-v2": (33, 0.62), "bert-base": (14, 22.4),
-    "bert-tiny": (14, 0.12), "dcgan": (5, 0.857), "resnet3d-18": (21, 81.4),
+    "resnet-18": (22, 24, 3.64), "resnet-50": (32, 57, 8.21), "mobilenet-v2": (33, 55, 0.62),
+    "bert-base": (14, 184, 22.4), "bert-tiny": (14, 34, 0.12), "dcgan": (5, 5, 0.857), "resnet3d-18": (21, 23, 81.4),
 }
 
 
 @pytest.mark.parametrize("name", ZOO_NAMES)
 def test_zoo_models_give_their_tasks(name, target):
     tasks = extract_tasks(load_workload(f"zoo:{name}"), target)
-    count, gflop = ZOO_EXPECTED[name]
-    assert len(tasks) == count
+    count, calls, gflop = ZOO_EXPECTED[name]
+    assert len(tasks) == count and sum(t.weight for t in tasks) == calls
     assert sum(t.flops * t.weight for t in tasks) / 1e9 == pytest.approx(gflop, rel=0.01)
     assert len({t.task_id for t in tasks}) == count
-    assert all(t.model == f"zoo:{name}" and t.weight >= 1 for t in tasks)
+    assert all(t.model == f"zoo:{name}" and t.weight >= 1 for t in tasks)  # every task occurs
 
 
 def test_task_identity_is_stable_across_extractions(target):

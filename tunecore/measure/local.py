@@ -66,7 +66,7 @@ class LocalMeasurer(Measurer):
 
         reason = super().unsupported_reason(target)
         if reason is None and target.kind.name != "llvm" and not tvm.device(target.kind.name, 0).exist:
-            reason = f"there is no {target.kind.name} device on this machine (use --measurer rpc for a remote one)"
+            reason = f"there is no {target.kind.name} device on this machine (the local measurer measures only here)"
         return reason
 
     def measure(self, task: Task, candidates: Sequence[Candidate]) -> list[MeasureResult]:
