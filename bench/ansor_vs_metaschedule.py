@@ -219,7 +219,7 @@ def markdown(report: dict) -> str:
                   "| | ms | GFLOPS |", "|---|---:|---:|",
                   f"| tunecore ansor+xgb ({big['tunecore_wall_s']:.0f} s of tuning) | {big['tunecore_s'] * 1e3:.3f} | {big['tunecore_gflops']:.1f} |",
                   f"| numpy ({big['numpy_blas']}) | {big['numpy_s'] * 1e3:.3f} | {big['numpy_gflops']:.1f} |",
-                  "", f"tunecore reaches **{100 * big['ratio']:.0f}%** of numpy's GFLOPS."]
+                  "", f"tunecore reaches **{int(1000 * big['ratio']) / 10}%** of numpy's GFLOPS (rounded down)."]
     lines.append("")
     return "\n".join(lines)
 
