@@ -45,8 +45,10 @@ def main() -> None:
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     args = parser.parse_args()
 
+    work = tempfile.mkdtemp(prefix="tunecore-throughput-")
+    # the default store (a SQLite file, every round committed before the next), as MetaSchedule writes its database
     variants = {"tunecore": lambda: run_tunecore(args.model, args.trials, args.seed, search="random", cost_model="none",
-                                                 store="memory:")}
+                                                 store=f"sqlite:{os.path.join(work, 'tunecore.db')}")}
     for strategy in ("evolutionary", "replay-trace"):
         variants[f"metaschedule-{strategy}"] = (
             lambda s=strategy: run_metaschedule_once(args.model, args.trials, s, BUILDER_TIMEOUT_S, args.seed))
@@ -66,9 +68,25 @@ def main() -> None:
         r["tunecore_speedup"] = base / r["ok_per_min"] if r["ok_per_min"] else None
 
     report = {"benchmark": "throughput", "model": args.model, "trials": args.trials, "seed": args.seed,
-              "metaschedule_builder_timeout_s": BUILDER_TIMEOUT_S, "environment": environment(), "results": results,
-              "command": command_line("throughput.py")}
+              "metaschedule_builder_timeout_s": BUILDER_TIMEOUT_S, "runners": runner_settings(),
+              "environment": environment(), "results": results, "command": command_line("throughput.py")}
     write_results(args.out, "throughput", report, markdown(report))
+
+
+def runner_settings() -> dict:
+    """How each tuner times a candidate, read from the code that does it: tunecore's `local` measurer
+    defaults and MetaSchedule's LocalRunner (EvaluatorConfig) defaults."""
+    import inspect
+
+    from tvm.s_tir.meta_schedule.runner.config import EvaluatorConfig
+
+    from tunecore.measure.local import LocalMeasurer
+
+    local = {k: p.default for k, p in inspect.signature(LocalMeasurer).parameters.items()
+             if k in ("repeat", "number", "min_repeat_ms", "cpu_cache_flush", "screen")}
+    metaschedule = EvaluatorConfig._normalized(None)
+    return {"tunecore": local, "metaschedule": {k: getattr(metaschedule, k) for k in
+                                                ("number", "repeat", "min_repeat_ms", "enable_cpu_cache_flush")}}
 
 
 def markdown(report: dict) -> str:
@@ -86,8 +104,17 @@ def markdown(report: dict) -> str:
         speedup = "-" if r["tunecore_speedup"] is None else f"{r['tunecore_speedup']:.1f}"
         best = "-" if r["best_latency_s"] is None else f"{r['best_latency_s'] * 1e3:.3f}"
         lines.append(f"| {name} | {r['wall_s']:.1f} | {r['measured']} | {r['ok']} | {r['ok_per_min']:.1f} | {speedup} | {best} |")
-    lines += ["", "Wall time is the whole process, from start to exit. MetaSchedule variants other than `stock` use "
-              f"`LocalBuilder(timeout_sec={report['metaschedule_builder_timeout_s']})` so that builds can finish.", ""]
+    runners = report["runners"]
+    tc, ms = runners["tunecore"], runners["metaschedule"]
+    lines += ["", "Wall time is the whole process, from start to exit. Both write every result to a database on disk "
+              "(tunecore: its default SQLite store; MetaSchedule: its JSON database). MetaSchedule variants other than "
+              f"`stock` use `LocalBuilder(timeout_sec={report['metaschedule_builder_timeout_s']})` so that builds can finish.",
+              "",
+              f"Timing per candidate: tunecore `local` takes one cold call, then {tc['repeat']} repeats of as many calls as "
+              f"fill {tc['min_repeat_ms']} ms (median), and a candidate whose cold call is more than {tc['screen']}× the "
+              f"task's best so far is timed by that call alone; MetaSchedule's LocalRunner: one warm-up call, then "
+              f"{ms['repeat']} repeat of {ms['number']} calls, raised to fill {ms['min_repeat_ms']} ms (mean). Neither "
+              "flushes caches.", ""]
     return "\n".join(lines)
 
 
