@@ -154,9 +154,9 @@ def time_together(model: str, stores: dict[str, str], passes: int) -> dict:
         runnables[name] = Runnable(executable, workload, target, inputs)
         builds[name] = {"tasks_tuned": covered, "tasks_total": len(tasks),
                         "max_relative_error": max_relative_error(runnables[name].outputs(), expected)}
-    samples = alternating_passes(
-        {name: (lambda r=r: r.time(1, min_repeat_ms=0)) if name == "untuned" else (lambda r=r: r.time(5, min_repeat_ms=200))
-         for name, r in runnables.items()}, passes)
+    # every build timed the same way: one sample per pass, as many calls as fill a second (one for a slow build)
+    samples = alternating_passes({name: (lambda r=r: r.time(1, min_repeat_ms=1000)) for name, r in runnables.items()},
+                                 passes)
     return {name: {"latency_ms": float(np.median(s)) * 1e3, "passes_ms": [x * 1e3 for x in s], **builds.get(name, {})}
             for name, s in samples.items()}
 

@@ -3,20 +3,24 @@
 1. Donors: each donor model is tuned with `tunecore run --search ansor --cost-model xgb` into one
    shared store (the pool: no donor is assigned to any target).
 2. Per target model (none of them a donor):
+   (a) every task's unscheduled program is measured on its own: its latency before tuning;
    (b) `tunecore run --search transfer --cost-model C` on a copy of the pool, for each C in --cost-models;
-   (c) `tunecore run --search ansor --cost-model xgb` from an empty store at a much larger budget:
-       the "maximum speedup";
-   (d) from (c)'s store: the tuning seconds ansor needed until its estimated latency (sum over tasks
-       of weight x best kernel latency) was as low as transfer's. A task ansor has not measured yet
-       counts at its untuned latency (from transfer's measurement of the unscheduled program), so
-       ansor's curve starts at its first trial, not only once every task has a record.
-   Then the target is built untuned (a), with (b)'s and with (c)'s records and all builds are timed
-   together in alternating passes (`common.time_together`).
-3. % of maximum speedup = speedup(b) / speedup(c), speedups over untuned end to end (TT's definition:
-   1.0 means transfer is as fast as full tuning). Search-time ratio = (d) / (b)'s tuning seconds.
+   (c) `tunecore run --search ansor --cost-model xgb` from an empty store with --full-trials, then the
+       same run resumed on a copy of that store up to --converged-trials: the "maximum speedup" at
+       both budgets (the curve's last quarter says how converged the larger one is);
+   (d) from (c)'s curve: the tuning seconds ansor needed until its estimated latency (sum over tasks
+       of weight x best kernel latency; a task not measured yet counts at (a)'s latency) was as low as
+       transfer's.
+   Then the target is built untuned, with (b)'s and with (c)'s records, and all builds are timed
+   together in alternating passes, every build the same way (`common.time_together`).
+3. % of maximum speedup = speedup(b) / speedup(c), speedups over untuned (TT's definition: 100% means
+   transfer is as fast as full tuning), end to end and from the kernel estimates. Kernels of the target
+   that a donor run tuned itself (same kernel in two models: "shared") cost transfer nothing, so the
+   estimate-based % and the time to match are also given over the other kernels alone.
 
     python bench/transfer.py [--donors zoo:resnet-50,zoo:mobilenet-v2,zoo:bert-tiny] [--donor-trials 1000]
-        [--targets zoo:resnet-18,zoo:bert-base] [--transfer-trials 200] [--full-trials 800] [--cost-models none,xgb]
+        [--targets zoo:resnet-18,zoo:bert-base] [--transfer-trials 200] [--full-trials 800]
+        [--converged-trials 2000] [--cost-models none,xgb]
 
 Resumable: every tuning run is kept in --work and not repeated. Writes bench/results/transfer.{json,md}.
 """
@@ -49,6 +53,7 @@ def main() -> None:
     parser.add_argument("--targets", default="zoo:resnet-18,zoo:bert-base")
     parser.add_argument("--transfer-trials", type=int, default=200)
     parser.add_argument("--full-trials", type=int, default=800)
+    parser.add_argument("--converged-trials", type=int, default=2000)
     parser.add_argument("--cost-models", default="none,xgb", help="cost models for transfer, comma-separated")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--passes", type=int, default=5)
@@ -60,6 +65,8 @@ def main() -> None:
         parser.error(f"--targets must not be donors: {', '.join(sorted(set(donors) & set(targets)))}")
     if min(args.donor_trials, args.transfer_trials, args.full_trials) < 1:
         parser.error("trial budgets must be >= 1")
+    if args.converged_trials <= args.full_trials:
+        parser.error("--converged-trials must be larger than --full-trials")
 
     os.makedirs(args.work, exist_ok=True)
     done = os.path.join(args.work, "runs.json")
@@ -75,6 +82,8 @@ def main() -> None:
     results = {}
     for model in targets:
         slug = model.replace(":", "-")
+        untuned = common.cached_run(done, f"{model} untuned tasks", lambda: _untuned_latencies(model))
+        shared = _tuned_in(pool, untuned)
         runs, stores = {}, {}
         for cost_model in args.cost_models.split(","):
             name = f"transfer+{cost_model}"
@@ -88,109 +97,222 @@ def main() -> None:
 
             runs[name] = common.cached_run(done, f"{model} {name} {args.transfer_trials} {args.seed} pool {args.donors} {args.donor_trials}",
                                            transfer)
-        stores["ansor+xgb"] = os.path.join(args.work, f"{slug}-ansor-xgb-{args.full_trials}.db")
-        runs["ansor+xgb"] = common.cached_run(done, f"{model} ansor+xgb {args.full_trials} {args.seed}", lambda: common.run_tunecore(
-            model, args.full_trials, args.seed, search="ansor", cost_model="xgb", store=f"sqlite:{stores['ansor+xgb']}"))
-        ansor_curve = curve(stores["ansor+xgb"], model=model, search="ansor",
-                            start_s=_untuned_latencies(next(s for n, s in stores.items() if n.startswith("transfer"))))
-        for name, run in runs.items():
-            run["ansor_seconds_to_match"] = _seconds_to_reach(ansor_curve, run["estimated_latency_ms"])
+        full, converged = f"ansor+xgb {args.full_trials}", f"ansor+xgb {args.converged_trials}"
+        stores[full] = os.path.join(args.work, f"{slug}-ansor-xgb-{args.full_trials}.db")
+        stores[converged] = os.path.join(args.work, f"{slug}-ansor-xgb-{args.full_trials}-{args.converged_trials}.db")
+        runs[full] = common.cached_run(done, f"{model} ansor+xgb {args.full_trials} {args.seed}", lambda: common.run_tunecore(
+            model, args.full_trials, args.seed, search="ansor", cost_model="xgb", store=f"sqlite:{stores[full]}"))
+
+        def resume_ansor() -> dict:  # the same run, given more trials: it continues from the smaller budget's store
+            common.remove_sqlite(stores[converged])
+            copy_sqlite(stores[full], stores[converged])
+            return common.run_tunecore(model, args.converged_trials, args.seed, search="ansor", cost_model="xgb",
+                                       store=stores[converged])
+
+        runs[converged] = common.cached_run(
+            done, f"{model} ansor+xgb {args.full_trials}->{args.converged_trials} {args.seed}", resume_ansor)
+        ansor_curve = curve(stores[converged], model=model, search="ansor", start_s=untuned)
+        unshared = [t for t in untuned if t not in shared]
+        unshared_curve = curve(stores[converged], model=model, search="ansor", start_s=untuned, task_ids=unshared)
+        kernels = {name: _best_latencies(store, untuned) for name, store in stores.items()}
         print(f"building and timing {model} ...", file=sys.stderr, flush=True)
         builds = common.time_together(model, stores, args.passes)
-        tasks = {name: run.pop("tasks") for name, run in runs.items()}
-        results[model] = {"runs": runs, "builds": builds, "ansor_curve": ansor_curve,
-                          "transfer_tasks": {name: t for name, t in tasks.items() if name.startswith("transfer")}}
+        results[model] = {"runs": runs, "builds": builds, "ansor_curve": ansor_curve, "ansor_curve_unshared": unshared_curve,
+                          "untuned_kernels_s": untuned, "shared_tasks": sorted(shared), "best_kernels_s": kernels,
+                          "tasks": {t["task_id"]: {k: t[k] for k in ("name", "weight", "flops")}
+                                    for t in runs[full]["tasks"]},
+                          "transfer_tasks": {name: run["tasks"] for name, run in runs.items() if name.startswith("transfer")}}
+        for run in runs.values():
+            run.pop("tasks", None)
 
     report = {"benchmark": "transfer", "donors": donor_runs, "targets": results, "paper": PAPER,
-              "settings": {k: getattr(args, k) for k in ("donor_trials", "transfer_trials", "full_trials", "cost_models", "seed", "passes")},
+              "settings": {k: getattr(args, k) for k in ("donor_trials", "transfer_trials", "full_trials", "converged_trials",
+                                                         "cost_models", "seed", "passes")},
               "environment": environment(), "command": command_line("transfer.py")}
     for run in donor_runs.values():
         run.pop("tasks", None)
     write_results(args.out, "transfer", report, markdown(report))
 
 
-def _untuned_latencies(store_file: str) -> dict[str, float]:
-    """Task id -> latency of its unscheduled program, as transfer measured it."""
+def _untuned_latencies(model: str) -> dict[str, float]:
+    """Task id -> latency of the task's unscheduled program, each measured on its own by the local measurer."""
+    from tunecore.interfaces import Candidate
+    from tunecore.measure.local import LocalMeasurer
+    from tunecore.space import new_schedule
+    from tunecore.targets import resolve_target
+    from tunecore.workloads import extract_tasks, load_workload
+
+    target = resolve_target("llvm")
+    measurer = LocalMeasurer(target, run_timeout=600, build_timeout=600, screen=0, repeat=1)
+    try:
+        latencies = {}
+        for task in extract_tasks(load_workload(model), target):
+            (result,) = measurer.measure(task, [Candidate.from_schedule(task, new_schedule(task.mod), origin="untuned")])
+            if result.error:
+                raise SystemExit(f"{model} {task.name}: the unscheduled program failed: {result.error}")
+            latencies[task.task_id] = result.latency
+        return latencies
+    finally:
+        measurer.close()
+
+
+def _tuned_in(store_file: str, task_ids) -> set[str]:
+    """The tasks that have records in a store (a donor run tuned these very kernels)."""
     from tunecore.store.sqlite import SqliteStore
 
     store = SqliteStore(store_file)
     try:
-        return {t.task_id: r.latency for t in store.get_tasks() for r in store.records(t.task_id)
-                if r.origin == "untuned" and r.latency is not None}
+        return {t for t, n in store.counts(list(task_ids)).items() if n}
     finally:
         store.close()
 
 
-def _seconds_to_reach(curve: dict, estimate_ms: float | None) -> float | None:
-    """Tuning seconds after which the curve's estimate is at most ``estimate_ms``; None if it never gets there."""
-    if estimate_ms is None:
+def _best_latencies(store_file: str, task_ids) -> dict[str, float | None]:
+    """Task id -> the fastest record's latency in a store (what a build from it uses)."""
+    from tunecore.store.sqlite import SqliteStore
+
+    store = SqliteStore(store_file)
+    try:
+        return {t: (best[0].latency if (best := store.best(t)) else None) for t in task_ids}
+    finally:
+        store.close()
+
+
+def _to_reach(curve: dict, estimate_s: float) -> tuple[int, float] | tuple[None, None]:
+    """(trials, tuning seconds) after which the curve's estimate is at most ``estimate_s``; Nones if never."""
+    for trials, seconds, best_s in zip(curve["trials"], curve["seconds"], curve["best_s"]):
+        if best_s <= estimate_s:
+            return trials, seconds
+    return None, None
+
+
+def _estimate(result: dict, build: str, task_ids) -> float:
+    """Sum of weight x latency over the tasks: the build's best kernels ("untuned": the unscheduled programs)."""
+    latencies = result["untuned_kernels_s"] if build == "untuned" else result["best_kernels_s"][build]
+    return sum(result["tasks"][t]["weight"] * (latencies[t] if latencies[t] is not None else result["untuned_kernels_s"][t])
+               for t in task_ids)
+
+
+def _converged_share(curve: dict) -> float | None:
+    """How much the estimate still fell over the last quarter of the curve's trials (0.01 = 1%)."""
+    if not curve["trials"]:
         return None
-    for seconds, best_s in zip(curve["seconds"], curve["best_s"]):
-        if best_s * 1e3 <= estimate_ms:
-            return seconds
-    return None
+    last = curve["trials"][-1]
+    before = [b for t, b in zip(curve["trials"], curve["best_s"]) if t <= 0.75 * last]
+    return 1 - curve["best_s"][-1] / before[-1] if before else None
 
 
 def summarize(report: dict) -> list[dict]:
-    """Per target and transfer variant: speedups, % of maximum speedup, search-time ratio."""
+    """Per target and transfer variant: speedups, % of maximum speedup (end to end and estimated, with and
+    without shared kernels, against both ansor budgets), search-time ratios."""
+    settings = report["settings"]
+    full, converged = f"ansor+xgb {settings['full_trials']}", f"ansor+xgb {settings['converged_trials']}"
     rows = []
     for model, result in report["targets"].items():
         builds, runs = result["builds"], result["runs"]
-        untuned = builds["untuned"]["latency_ms"]
-        full = untuned / builds["ansor+xgb"]["latency_ms"]
+        every = list(result["tasks"])
+        unshared = [t for t in every if t not in result["shared_tasks"]]
+
+        def speedup(build, tasks=None):
+            if tasks is None:  # end to end
+                return builds["untuned"]["latency_ms"] / builds[build]["latency_ms"]
+            return _estimate(result, "untuned", tasks) / _estimate(result, build, tasks)
+
         for name, run in runs.items():
             if not name.startswith("transfer"):
                 continue
-            speedup = untuned / builds[name]["latency_ms"]
-            match = run["ansor_seconds_to_match"]
-            rows.append({"model": model, "variant": name, "speedup": speedup, "max_speedup": full,
-                         "pct_of_max": 100 * speedup / full, "transfer_s": run["elapsed_s"], "ansor_match_s": match,
-                         "time_ratio": None if match is None else match / run["elapsed_s"]})
+            trials_all, match_all = _to_reach(result["ansor_curve"], _estimate(result, name, every))
+            trials_unshared, match_unshared = _to_reach(result["ansor_curve_unshared"], _estimate(result, name, unshared))
+            rows.append({
+                "model": model, "variant": name, "speedup": speedup(name),
+                "pct_of_max": {ansor: 100 * speedup(name) / speedup(ansor) for ansor in (full, converged)},
+                "pct_of_max_estimated": 100 * speedup(name, every) / speedup(converged, every),
+                "pct_of_max_estimated_unshared": 100 * speedup(name, unshared) / speedup(converged, unshared),
+                "transfer_s": run["elapsed_s"], "ansor_match_s": match_all, "ansor_match_unshared_s": match_unshared,
+                "time_ratio": None if match_all is None else match_all / run["elapsed_s"],
+                "time_ratio_unshared": None if match_unshared is None else match_unshared / run["elapsed_s"],
+                "transfer_trials": run["measured"], "ansor_match_trials": trials_all,
+                "ansor_match_unshared_trials": trials_unshared,
+            })
     return rows
+
+
+def _pct(value: float) -> str:
+    return f"{int(value)}%"  # rounded down: never in transfer's favour
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}×"
 
 
 def markdown(report: dict) -> str:
     env, settings = report["environment"], report["settings"]
+    full, converged = f"ansor+xgb {settings['full_trials']}", f"ansor+xgb {settings['converged_trials']}"
     lines = [
         "# Transfer-Tuning: the store as donor pool",
         "",
-        f"CPU: {env['cpu']} ({env['cores']} cores), TVM {env['versions']['apache-tvm']}. Command: `{report['command']}`.",
+        f"CPU: {env['cpu']} ({env['cores']} cores), target `{env['target'].get('mcpu')}`, TVM "
+        f"{env['versions']['apache-tvm']}. Command: `{report['command']}`.",
         "",
         f"Donors, tuned by ansor+xgb with {settings['donor_trials']} trials each into one store: "
         + ", ".join(f"{m} ({r['elapsed_s']:.0f} s)" for m, r in report["donors"].items()) + ".",
-        f"Per target: `transfer` with {settings['transfer_trials']} trials on a copy of that store; "
-        f"ansor+xgb from scratch with {settings['full_trials']} trials = maximum speedup. End-to-end latencies are "
-        f"medians of {settings['passes']} alternating passes over all builds of a target in one process.",
+        f"Per target: `transfer` with {settings['transfer_trials']} trials on a copy of that store; ansor+xgb from "
+        f"scratch with {settings['full_trials']} trials, resumed up to {settings['converged_trials']} (the maximum "
+        f"speedup). End-to-end latencies: median of {settings['passes']} alternating passes over all builds of a "
+        "target in one process, every build timed the same way.",
         "",
-        "| target | build | tuning s | measured (failed) | estimated ms | end-to-end ms | speedup | % of max speedup | ansor s to match | search-time ratio |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| target | build | tuning s | measured (failed) | estimated ms | end-to-end ms | speedup |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
-    rows = {(r["model"], r["variant"]): r for r in summarize(report)}
     for model, result in report["targets"].items():
         builds = result["builds"]
         untuned = builds["untuned"]["latency_ms"]
-        lines.append(f"| {model} | untuned | - | - | - | {untuned:.1f} | 1.00 | - | - | - |")
+        lines.append(f"| {model} | untuned | - | - | {_estimate(result, 'untuned', result['tasks']) * 1e3:.1f} "
+                     f"| {untuned:.1f} | 1.00 |")
         for name, run in result["runs"].items():
-            b, r = builds[name], rows.get((model, name))
-            estimate = "-" if run["estimated_latency_ms"] is None else f"{run['estimated_latency_ms']:.1f}"
-            pct = f"{r['pct_of_max']:.0f}%" if r else "100%"
-            match = "-" if not r else ("never" if r["ansor_match_s"] is None else f"{r['ansor_match_s']:.0f}")
-            ratio = "-" if not r or r["time_ratio"] is None else f"{r['time_ratio']:.1f}×"
-            lines.append(f"| {model} | {name} | {run['elapsed_s']:.0f} | {run['measured']} ({run['errors']}) | {estimate} "
-                         f"| {b['latency_ms']:.1f} | {untuned / b['latency_ms']:.2f} | {pct} | {match} | {ratio} |")
-    by_variant: dict[str, list[dict]] = {}
-    for r in rows.values():
-        by_variant.setdefault(r["variant"], []).append(r)
-    lines += ["", "| transfer variant | average % of max speedup | average search-time ratio | paper (server CPU) |",
-              "|---|---:|---:|---|"]
-    paper = report["paper"]["server CPU (Xeon E5-2620)"]
-    for variant, rs in by_variant.items():
-        ratios = [r["time_ratio"] for r in rs if r["time_ratio"] is not None]
-        lines.append(f"| {variant} | {sum(r['pct_of_max'] for r in rs) / len(rs):.0f}% "
-                     f"| {(f'{sum(ratios) / len(ratios):.1f}×' if ratios else '-')} "
-                     f"| {paper['average_pct']}% (up to {paper['max_pct']}%), {paper['search_time_ratio']}× "
-                     f"(edge CPU {report['paper']['edge CPU (Cortex-A53)']['search_time_ratio']}×) |")
-    lines += ["", "Per task, what transferred (from the `transfer` run's report):", ""]
+            b = builds[name]
+            lines.append(f"| {model} | {name} | {run['elapsed_s']:.0f} | {run['measured']} ({run['errors']}) "
+                         f"| {_estimate(result, name, result['tasks']) * 1e3:.1f} | {b['latency_ms']:.1f} "
+                         f"| {untuned / b['latency_ms']:.2f} |")
+    lines += ["", "Shared kernels: tasks of the target that a donor run tuned itself (the same kernel in two models).", ""]
+    for model, result in report["targets"].items():
+        flops = {t: v["weight"] * v["flops"] for t, v in result["tasks"].items()}
+        shared = result["shared_tasks"]
+        names = ", ".join(result["tasks"][t]["name"] for t in shared) or "none"
+        lines.append(f"- {model}: {len(shared)} of {len(result['tasks'])} tasks, "
+                     f"{_pct(100 * sum(flops[t] for t in shared) / sum(flops.values()))} of its FLOPs ({names}); "
+                     f"ansor's estimate fell by {_pct(100 * (_converged_share(result['ansor_curve']) or 0))} over the "
+                     f"last quarter of its {settings['converged_trials']} trials.")
+    lines += [
+        "",
+        f"% of maximum speedup = transfer's speedup / ansor's speedup over untuned; end to end against ansor at "
+        f"{settings['full_trials']} and {settings['converged_trials']} trials, and from the kernel estimates (against "
+        f"{settings['converged_trials']}) with every kernel and without the shared ones. Time to match: tuning seconds "
+        f"of ansor's {settings['converged_trials']}-trial run until its estimate (a task not measured yet at its "
+        "untuned latency) was as low as transfer's, over every kernel and over the unshared ones (ansor's seconds "
+        "include the time it spent on shared kernels; its trials count only those on the kernels in question). "
+        "Ratio = that / transfer's tuning seconds; trials: ansor's trials to match / transfer's measured trials.",
+        "",
+        f"| target | transfer | e2e % of max ({settings['full_trials']}) | e2e % of max ({settings['converged_trials']}) "
+        "| est. % of max | est. % of max, unshared | ansor s to match | ratio | ansor s to match, unshared "
+        "| ratio, unshared | ansor trials to match / transfer's | unshared |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    rows = summarize(report)
+    for r in rows:
+        match = "never" if r["ansor_match_s"] is None else f"{r['ansor_match_s']:.0f}"
+        match_unshared = "never" if r["ansor_match_unshared_s"] is None else f"{r['ansor_match_unshared_s']:.0f}"
+        lines.append(f"| {r['model']} | {r['variant']} | {_pct(r['pct_of_max'][full])} | {_pct(r['pct_of_max'][converged])} "
+                     f"| {_pct(r['pct_of_max_estimated'])} | {_pct(r['pct_of_max_estimated_unshared'])} | {match} "
+                     f"| {_ratio(r['time_ratio'])} | {match_unshared} | {_ratio(r['time_ratio_unshared'])} "
+                     f"| {r['ansor_match_trials'] or 'never'} / {r['transfer_trials']} "
+                     f"| {r['ansor_match_unshared_trials'] or 'never'} / {r['transfer_trials']} |")
+    paper = report["paper"]
+    lines += ["", f"Paper (server CPU): {paper['server CPU (Xeon E5-2620)']['average_pct']}% of the maximum speedup on "
+              f"average (up to {paper['server CPU (Xeon E5-2620)']['max_pct']}%), search-time ratio "
+              f"{paper['server CPU (Xeon E5-2620)']['search_time_ratio']}× (edge CPU "
+              f"{paper['edge CPU (Cortex-A53)']['search_time_ratio']}×).", "",
+              "Per task, what transferred (from the `transfer` run's report):", ""]
     for model, result in report["targets"].items():
         for name, tasks in result["transfer_tasks"].items():
             notes: dict[str, int] = {}

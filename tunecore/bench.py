@@ -18,7 +18,7 @@ import platform
 import re
 import sqlite3
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 from tunecore.errors import UsageError
 
@@ -108,7 +108,8 @@ def copy_sqlite(source: str, destination: str) -> None:
         src.backup(dst)
 
 
-def curve(store_file: str, *, start_s: dict[str, float] | None = None, **run_info: Any) -> dict[str, Any]:
+def curve(store_file: str, *, start_s: dict[str, float] | None = None, task_ids: Collection[str] | None = None,
+          **run_info: Any) -> dict[str, Any]:
     """Best latency so far against trials and against tuning seconds, from a store alone, counting the
     runs whose info has the given values (a bench cell: ``bench_cell=cell.id``; or ``model=..., search=...``).
 
@@ -116,7 +117,8 @@ def curve(store_file: str, *, start_s: dict[str, float] | None = None, **run_inf
     every task has a successful record, or from the first record on if ``start_s`` gives each task's
     latency before tuning (task id -> seconds, e.g. its untuned program's). Seconds count only the
     cell's runs: the time between an interruption and the resumed run is left out. Points are kept
-    where the best improves, plus the last trial.
+    where the best improves, plus the last trial. ``task_ids`` restricts the estimate (and the trials
+    counted) to those of the model's tasks.
     """
     from tunecore.store.sqlite import SqliteStore
 
@@ -126,7 +128,7 @@ def curve(store_file: str, *, start_s: dict[str, float] | None = None, **run_inf
         if not runs:
             return {"trials": [], "seconds": [], "best_s": []}
         model = next(iter(runs.values()))["info"]["model"]
-        tasks = store.get_tasks(model=model)
+        tasks = [t for t in store.get_tasks(model=model) if task_ids is None or t.task_id in task_ids]
         records = [r for t in tasks for r in store.records(t.task_id) if r.run_id in runs]
     finally:
         store.close()
