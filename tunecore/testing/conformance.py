@@ -335,12 +335,11 @@ class MeasurerConformance(_Suite):
         if not self.measures_this_host:
             pytest.skip("this measurer measures another device")
         import tvm
-        from tvm.driver import build
 
         program = _unscheduled("matmul-64", task.target)
         (result,) = measurer.measure(program.task, [program])
         assert result.error is None, result.error
-        library = build(program.mod, target=task.target)
+        library = tvm.tirx.build(program.mod, target=task.target)
         device = tvm.cpu(0) if task.target.kind.name == "llvm" else tvm.device(task.target.kind.name, 0)
         rng = np.random.default_rng(0)
         args = [tvm.runtime.tensor(rng.uniform(size=[int(d) for d in shape]).astype(dtype), device)
