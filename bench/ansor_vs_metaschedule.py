@@ -62,7 +62,7 @@ def run_metaschedule(op: str, trials: int, seed: int, work: str) -> dict:
 def best_programs(run: dict, task, k: int = TOP_K) -> list:
     """The k best measured programs of a run, as candidates of tunecore's task."""
     from tunecore.interfaces import Candidate
-    from tunecore.space import trace_to_json
+    from tunecore.tvmjson import trace_to_json
 
     if "store" in run:
         return common.best_candidates(run["store"], task, k)

@@ -52,7 +52,8 @@ def main() -> None:
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     args = parser.parse_args()
 
-    from tunecore.targets import host_target, physical_cores, target_from_json, target_to_json
+    from tunecore.targets import host_target, physical_cores
+    from tunecore.tvmjson import target_from_json, target_to_json
     from tunecore.testing import remeasure_together, tiny_task
 
     cores = physical_cores() if args.cores == "all" else int(args.cores)

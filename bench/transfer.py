@@ -140,7 +140,7 @@ def _untuned_latencies(model: str) -> dict[str, float]:
     """Task id -> latency of the task's unscheduled program, each measured on its own by the local measurer."""
     from tunecore.interfaces import Candidate
     from tunecore.measure.local import LocalMeasurer
-    from tunecore.space import new_schedule
+    from tunecore.tvmjson import new_schedule
     from tunecore.targets import resolve_target
     from tunecore.workloads import extract_tasks, load_workload
 

@@ -1,6 +1,5 @@
 """The command line as a user drives it: real TVM, real builds, tiny workloads."""
 
-import json
 import os
 import signal
 import sqlite3
@@ -86,7 +85,7 @@ def test_mistakes_are_one_line_and_exit_2(args, fragments, tmp_path):
 
 
 def test_options_apply_by_role_or_by_component_name():
-    from tunecore.session import options_for, parse_options
+    from tunecore.options import options_for, parse_options
 
     options = parse_options(["search.population=64", "ansor.iterations=2", "cost-model.rounds=5", "ansor.population=8"],
                             ["random", "ansor", "xgb"])

@@ -4,7 +4,8 @@ import pytest
 
 from tunecore.interfaces import Candidate
 from tunecore.measure.local import LocalMeasurer
-from tunecore.space import DesignSpace, new_schedule
+from tunecore.space import DesignSpace
+from tunecore.tvmjson import new_schedule
 
 
 def _crashing_task(target):

@@ -13,7 +13,8 @@ from conftest import run_cli
 from tunecore import hookimpl
 from tunecore.builtin.random_search import RandomSearch
 from tunecore.errors import PluginError
-from tunecore.plugins import describe_plugins, new_plugin_manager
+from tunecore.plugins import new_plugin_manager
+from tunecore.registry import describe_plugins
 from tunecore.registry import Registry
 
 
@@ -152,6 +153,15 @@ def tunecore_register_search_policies(register):
     register(AnotherRandom)
 '''
 
+_MISSPELLED_MODULE = '''
+from tunecore import hookimpl
+
+
+@hookimpl
+def tunecore_on_run_started(run, tasks):  # the hook is tunecore_on_run_start
+    raise AssertionError("never called")
+'''
+
 
 def _write_project(root, dist, package, module_text):
     project = root / dist
@@ -178,6 +188,7 @@ def plugin_site(tmp_path_factory):
     projects = [
         _write_project(root, "tunecore-first-sketch", "tunecore_first_sketch", _PLUGIN_MODULE),
         _write_project(root, "tunecore-dup", "tunecore_dup", _DUPLICATE_MODULE),
+        _write_project(root, "tunecore-misspelled", "tunecore_misspelled", _MISSPELLED_MODULE),
     ]
     site = root / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site),
@@ -222,3 +233,11 @@ def test_autoload_can_be_disabled(plugin_site):
     env = dict(_env(plugin_site, ""), TUNECORE_DISABLE_PLUGIN_AUTOLOAD="1")
     listed = run_cli("plugins", env=env)
     assert [p["distribution"] for p in json.loads(listed.stdout)] == ["tunecore"]
+
+
+def test_a_misspelled_hook_is_a_load_error_not_silence(plugin_site):
+    listed = run_cli("plugins", env=_env(plugin_site, "tunecore_misspelled"))
+    assert listed.returncode == 0
+    (broken,) = [p for p in json.loads(listed.stdout) if p["name"] == "tunecore_misspelled"]
+    assert "tunecore_on_run_started, which is not a tunecore hook" in broken["error"]
+    assert "plugin 'tunecore_misspelled' failed to load and is skipped" in listed.stderr

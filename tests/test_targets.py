@@ -6,7 +6,8 @@ import sys
 import pytest
 
 from tunecore.errors import UsageError
-from tunecore.targets import device_descriptor, host_mcpu, resolve_target, target_from_json, target_to_json
+from tunecore.targets import device_descriptor, host_mcpu, resolve_target
+from tunecore.tvmjson import target_from_json, target_to_json
 
 
 def _flags():

@@ -64,8 +64,9 @@ def environment(target: Any) -> dict[str, Any]:
     """Where a benchmark ran: CPU, cores, target, device attributes, versions, installed plugins."""
     import importlib.metadata
 
-    from tunecore.plugins import describe_plugins
-    from tunecore.targets import device_descriptor, target_to_json
+    from tunecore.registry import describe_plugins
+    from tunecore.targets import device_descriptor
+    from tunecore.tvmjson import target_to_json
 
     cpu = ""
     if os.path.exists("/proc/cpuinfo"):
@@ -179,7 +180,8 @@ def run_matrix(
     from tunecore.compile import compile_and_check
     from tunecore.registry import Registry
     from tunecore.store.sqlite import SqliteStore
-    from tunecore.targets import resolve_target, target_to_json
+    from tunecore.targets import resolve_target
+    from tunecore.tvmjson import target_to_json
     from tunecore.workloads import load_workload
 
     if trials < 1:

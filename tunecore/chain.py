@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from tunecore.interfaces import Candidate, MeasureResult, SearchPolicy, Task, TaskContext
+from tunecore.data import Candidate, MeasureResult, Task
+from tunecore.roles import SearchPolicy, TaskContext
 
 
 class SearchChain(SearchPolicy):

@@ -150,8 +150,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from tunecore import session
+    from tunecore.options import parse_options
 
-    options = session.parse_options(args.option, [args.search, args.cost_model, args.measurer, *filter(None, [args.then])])
+    options = parse_options(args.option, [args.search, args.cost_model, args.measurer, *filter(None, [args.then])])
     progress = Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -271,7 +272,7 @@ def cmd_tasks(args: argparse.Namespace) -> int:
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
-    from tunecore.plugins import describe_plugins
+    from tunecore.registry import describe_plugins
 
     print(json.dumps(describe_plugins(), indent=2))
     return 0
@@ -403,11 +404,12 @@ def cmd_compile(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from tunecore import bench, report, session
+    from tunecore import bench, report
+    from tunecore.options import parse_options
 
     searches, cost_models = bench.split_list(args.search, "--search"), bench.split_list(args.cost_model, "--cost-model")
     cells = bench.plan(bench.split_list(args.model, "--model"), searches, cost_models, args.seeds)
-    options = session.parse_options(args.option, [*searches, *cost_models, args.measurer])
+    options = parse_options(args.option, [*searches, *cost_models, args.measurer])
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("{task.fields[note]}"), TimeElapsedColumn(), console=_console(stderr=True))
     matrix = progress.add_task("cells", total=len(cells), note="")

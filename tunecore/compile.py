@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from tunecore.errors import UsageError
-from tunecore.interfaces import RecordStore
+from tunecore.roles import RecordStore
 from tunecore.workloads import Workload, extract_tasks
 
 # fp32 results of reordered reductions differ in the last bits; relative to the output's magnitude
@@ -23,7 +23,7 @@ def best_database(store: RecordStore, tasks: list, target: Any) -> tuple[Any, in
     """A MetaSchedule in-memory database with the best stored record of each task; returns (db, tasks covered)."""
     from tvm.s_tir import meta_schedule as ms
 
-    from tunecore.space import replay_trace_json
+    from tunecore.tvmjson import replay_trace_json
 
     db = ms.database.MemoryDatabase()
     covered = 0
@@ -54,7 +54,7 @@ def build(workload: Workload, target: Any, database: Any) -> Any:
 
 def scheduled_operator(workload: Workload, target: Any, database: Any) -> Any:
     """A single operator's module as ``build`` compiles it: its database record's schedule applied (none: as it is)."""
-    from tunecore.space import new_schedule
+    from tunecore.tvmjson import new_schedule
 
     record = database.query_tuning_record(workload.mod, target, "main")
     if record is None:

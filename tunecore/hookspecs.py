@@ -15,16 +15,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import pluggy
 
 if TYPE_CHECKING:
-    from tunecore.interfaces import (
-        Candidate,
-        CostModel,
-        Measurer,
-        MeasureResult,
-        Record,
-        RecordStore,
-        SearchPolicy,
-        Task,
-    )
+    from tunecore.data import Candidate, MeasureResult, Record, Task
+    from tunecore.roles import CostModel, Measurer, RecordStore, SearchPolicy
 
 hookspec = pluggy.HookspecMarker("tunecore")
 hookimpl = pluggy.HookimplMarker("tunecore")

@@ -11,22 +11,30 @@ import importlib
 import importlib.metadata
 import os
 import sys
-from typing import Any
 
 import pluggy
 
 from tunecore import hookspecs
+from tunecore.errors import PluginError
 
 ENTRY_POINT_GROUP = "tunecore"
 DEFAULT_PLUGINS = ("tunecore.builtin",)
 CORE_DISTRIBUTION = "tunecore"
 
-_manager: pluggy.PluginManager | None = None
-# plugins that failed to import: entry point name -> error text (shown by `tunecore plugins`)
-load_errors: dict[str, str] = {}
 
 
-def get_plugin_manager() -> pluggy.PluginManager:
+class PluginManager(pluggy.PluginManager):
+    """pluggy's manager, remembering which plugins failed to load and why (shown by `tunecore plugins`)."""
+
+    def __init__(self) -> None:
+        super().__init__("tunecore")
+        self.load_errors: dict[str, str] = {}  # entry point name -> error text
+
+
+_manager: PluginManager | None = None
+
+
+def get_plugin_manager() -> PluginManager:
     """The process-wide plugin manager, built on first use."""
     global _manager
     if _manager is None:
@@ -34,9 +42,9 @@ def get_plugin_manager() -> pluggy.PluginManager:
     return _manager
 
 
-def new_plugin_manager(autoload: bool | None = None) -> pluggy.PluginManager:
+def new_plugin_manager(autoload: bool | None = None) -> PluginManager:
     """A fresh manager with the built-ins and (unless disabled) the installed plugins."""
-    pm = pluggy.PluginManager("tunecore")
+    pm = PluginManager()
     pm.add_hookspecs(hookspecs)
     for module_name in DEFAULT_PLUGINS:
         pm.register(importlib.import_module(module_name), name=module_name)
@@ -45,10 +53,11 @@ def new_plugin_manager(autoload: bool | None = None) -> pluggy.PluginManager:
     only = {n.strip() for n in os.environ.get("TUNECORE_LOAD_PLUGINS", "").split(",") if n.strip()}
     if autoload or only:
         _load_entry_points(pm, only)
+    pm.check_pending()  # the built-ins: a hookimpl without a spec is a bug in tunecore itself
     return pm
 
 
-def _load_entry_points(pm: pluggy.PluginManager, only: set[str]) -> None:
+def _load_entry_points(pm: PluginManager, only: set[str]) -> None:
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         if only and ep.name not in only:
             continue
@@ -56,9 +65,20 @@ def _load_entry_points(pm: pluggy.PluginManager, only: set[str]) -> None:
             continue
         try:
             pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP, name=ep.name)
+            refuse_unknown_hooks(pm, ep.name)
         except Exception as error:  # a broken plugin must not take the tool down with it
-            load_errors[ep.name] = f"{type(error).__name__}: {error}"
+            pm.load_errors[ep.name] = f"{type(error).__name__}: {error}"
             print(f"tunecore: plugin '{ep.name}' failed to load and is skipped: {error}", file=sys.stderr)
+
+
+def refuse_unknown_hooks(pm: pluggy.PluginManager, name: str) -> None:
+    """Unregister the plugin ``name`` if it implements a hook tunecore does not define (a misspelling
+    would otherwise be silently never called) and raise PluginError saying which."""
+    plugin = pm.get_plugin(name)
+    unknown = sorted(caller.name for caller in pm.get_hookcallers(plugin) or [] if caller.spec is None)
+    if unknown:
+        pm.unregister(plugin)
+        raise PluginError(f"implements {', '.join(unknown)}, which is not a tunecore hook (misspelled?)")
 
 
 def distribution_of(pm: pluggy.PluginManager, plugin: object) -> tuple[str, str]:
@@ -77,31 +97,3 @@ def _core_version() -> str:
         return importlib.metadata.version(CORE_DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:
         return "unknown"
-
-
-def describe_plugins(pm: pluggy.PluginManager | None = None) -> list[dict[str, Any]]:
-    """What ``tunecore plugins`` prints: per plugin its distribution, version, hooks and components."""
-    from tunecore.registry import Registry
-
-    pm = pm or get_plugin_manager()
-    registry = Registry(pm)
-    out = []
-    for plugin in pm.get_plugins():
-        dist, version = distribution_of(pm, plugin)
-        hooks = sorted(h.name for h in pm.get_hookcallers(plugin) or [])
-        components: dict[str, list[str]] = {}
-        for entry in registry.entries():
-            if entry.plugin is plugin:
-                components.setdefault(entry.role, []).append(entry.cls.name)
-        out.append(
-            {
-                "name": pm.get_name(plugin),
-                "distribution": dist,
-                "version": version,
-                "hooks": hooks,
-                "components": {role: sorted(names) for role, names in sorted(components.items())},
-            }
-        )
-    for name, error in sorted(load_errors.items()):
-        out.append({"name": name, "distribution": None, "version": None, "hooks": [], "components": {}, "error": error})
-    return sorted(out, key=lambda p: (p["distribution"] != CORE_DISTRIBUTION, p["name"]))

@@ -7,10 +7,11 @@ distribution registered which class: a duplicate name is an error naming both di
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tunecore.errors import PluginError
-from tunecore.interfaces import ROLE_LABELS, ROLES, Component
+from tunecore.plugins import CORE_DISTRIBUTION, PluginManager, distribution_of, get_plugin_manager
+from tunecore.roles import Component, ROLES, ROLE_LABELS
 
 if TYPE_CHECKING:
     import pluggy
@@ -34,8 +35,6 @@ class Entry:
 
 class Registry:
     def __init__(self, pm: pluggy.PluginManager | None = None):
-        from tunecore.plugins import distribution_of, get_plugin_manager
-
         self.pm = pm or get_plugin_manager()
         self._entries: dict[str, dict[str, Entry]] = {role: {} for role in ROLES}
         for role, hook_name in _ROLE_HOOKS.items():
@@ -89,3 +88,29 @@ class Registry:
             reason = self.get(role, name).unsupported_reason(target)
             if reason:
                 raise PluginError(f"{ROLE_LABELS[role]} '{name}' cannot be used with target {target.kind.name}: {reason}")
+
+
+def describe_plugins(pm: PluginManager | None = None) -> list[dict[str, Any]]:
+    """What ``tunecore plugins`` prints: per plugin its distribution, version, hooks and components."""
+    pm = pm or get_plugin_manager()
+    registry = Registry(pm)
+    out = []
+    for plugin in pm.get_plugins():
+        dist, version = distribution_of(pm, plugin)
+        hooks = sorted(h.name for h in pm.get_hookcallers(plugin) or [])
+        components: dict[str, list[str]] = {}
+        for entry in registry.entries():
+            if entry.plugin is plugin:
+                components.setdefault(entry.role, []).append(entry.cls.name)
+        out.append(
+            {
+                "name": pm.get_name(plugin),
+                "distribution": dist,
+                "version": version,
+                "hooks": hooks,
+                "components": {role: sorted(names) for role, names in sorted(components.items())},
+            }
+        )
+    for name, error in sorted(getattr(pm, "load_errors", {}).items()):
+        out.append({"name": name, "distribution": None, "version": None, "hooks": [], "components": {}, "error": error})
+    return sorted(out, key=lambda p: (p["distribution"] != CORE_DISTRIBUTION, p["name"]))

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator
 
 from tunecore.errors import UsageError
-from tunecore.interfaces import CostModel, Measurer, RecordStore, SearchPolicy
+from tunecore.roles import CostModel, Measurer, RecordStore, SearchPolicy
+from tunecore.options import options_for
 from tunecore.registry import Registry
 from tunecore.store import DEFAULT_STORE, parse_store_url
 
@@ -23,40 +24,6 @@ def open_store(url: str | None, registry: Registry | None = None, *, create: boo
     if not create and name == "sqlite" and not os.path.exists(location):
         raise UsageError(f"--store {url or DEFAULT_STORE}: no such store (run `tunecore run` first, or pass --store)")
     return registry.get("store", name)(location)
-
-
-def parse_options(pairs: list[str] | None, components: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
-    """``["search.population=64", "xgb.min_data=32"]`` -> {"search": {"population": 64}, "xgb": {"min_data": 32}}.
-
-    A key is ROLE.KEY (for whichever component fills the role) or NAME.KEY, for the component of
-    that name only -- so ``tunecore bench --search random,ansor -O ansor.population=64`` leaves
-    ``random`` alone. ``components`` are the names this command uses; another NAME is refused.
-    """
-    roles = {"search": "search", "cost_model": "cost_model", "cost-model": "cost_model", "measurer": "measurer"}
-    options: dict[str, dict[str, Any]] = {"search": {}, "cost_model": {}, "measurer": {}}
-    for pair in pairs or []:
-        key, sep, raw = pair.partition("=")
-        scope, dot, name = key.partition(".")
-        if not (sep and dot and name and (scope in roles or scope in components)):
-            raise UsageError(f"--option {pair!r}: expected ROLE.KEY=VALUE with ROLE one of search, cost_model, "
-                             f"measurer, or NAME.KEY=VALUE with NAME one of {', '.join(components) or 'the components used'}")
-        options.setdefault(roles.get(scope, scope), {})[name.replace("-", "_")] = _parse_value(raw)
-    return options
-
-
-def options_for(options: dict[str, dict[str, Any]] | None, role: str, name: str) -> dict[str, Any]:
-    """The keyword arguments of the component ``name`` filling ``role``: role-wide, then its own."""
-    options = options or {}
-    return {**options.get(role, {}), **(options.get(name, {}) if name != role else {})}
-
-
-def _parse_value(raw: str) -> Any:
-    import json
-
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError:
-        return raw
 
 
 def _construct(registry: Registry, role: str, name: str, *args: Any, **kwargs: Any) -> Any:
@@ -135,7 +102,8 @@ def tune(
 
     ``run_info`` is kept with the run in the store (``tunecore bench`` marks its cells' runs with it).
     """
-    from tunecore.targets import resolve_target, target_to_json
+    from tunecore.targets import resolve_target
+    from tunecore.tvmjson import target_to_json
     from tunecore.tuner import Tuner
     from tunecore.workloads import extract_tasks, load_workload
 

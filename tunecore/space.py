@@ -1,108 +1,16 @@
-"""A task's design space: its sketches (MetaSchedule space generator), postprocessors and samplers.
-
-Also the one place that knows how traces become JSON and back, and how a program is keyed.
-"""
+"""A task's design space: its sketches (MetaSchedule space generator), postprocessors and samplers."""
 
 from __future__ import annotations
 
-import importlib
-import json
-import os
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tunecore.targets import load_tensor_intrinsics
+from tunecore.tvmjson import new_schedule
+
 if TYPE_CHECKING:
-    import tvm
-
-    from tunecore.interfaces import Task
-
-# The tensor-intrinsic modules a target's schedule rules may refer to. Importing the whole
-# tvm.s_tir.tensor_intrin package costs ~37 s here (mostly CUDA intrinsics); one module costs < 1 s.
-_INTRINSICS_BY_KIND = {
-    "llvm": {"x86_64": "x86", "i386": "x86", "aarch64": "arm_cpu", "arm": "arm_cpu", "riscv64": "riscv_cpu"},
-    "cuda": "cuda",
-    "rocm": "rocm",
-    "metal": "metal",
-    "hexagon": "hexagon",
-}
-
-
-def load_tensor_intrinsics(target: tvm.target.Target) -> None:
-    """Register the tensor intrinsics ``target`` can use, and only those.
-
-    TuneContext imports ``tvm.s_tir.tensor_intrin`` (every intrinsic of every backend) on
-    construction; a package stub with the real path makes that import free and lets each
-    submodule be imported on its own.
-    """
-    import tvm.s_tir
-
-    package = "tvm.s_tir.tensor_intrin"
-    if package not in sys.modules:
-        stub = types.ModuleType(package)
-        stub.__path__ = [os.path.join(os.path.dirname(tvm.s_tir.__file__), "tensor_intrin")]
-        stub.__package__ = package
-        sys.modules[package] = stub
-    entry = _INTRINSICS_BY_KIND.get(target.kind.name)
-    if isinstance(entry, dict):
-        triple = str(target.attrs.get("mtriple", "")) or _host_triple()
-        entry = entry.get(triple.split("-")[0])
-    if entry:
-        importlib.import_module(f"{package}.{entry}")
-
-
-def _host_triple() -> str:
-    from tvm.target import codegen
-
-    return str(codegen.llvm_get_system_triple())
-
-
-def to_plain(obj: Any) -> Any:
-    """TVM's JSON-able objects (arrays, maps, IntImm...) as plain Python values."""
-    import tvm
-
-    if obj is None or isinstance(obj, (bool, int, float, str)):
-        return obj
-    if isinstance(obj, tvm.tirx.IntImm):
-        return int(obj.value)
-    if isinstance(obj, tvm.tirx.FloatImm):
-        return float(obj.value)
-    if hasattr(obj, "items"):
-        return {str(k): to_plain(v) for k, v in obj.items()}
-    return [to_plain(x) for x in obj]
-
-
-def to_plain_json(obj: Any) -> str:
-    return json.dumps(to_plain(obj), separators=(",", ":"))
-
-
-def trace_to_json(trace: Any) -> str:
-    """A trace with its decisions and postprocessors, as MetaSchedule's JSON databases write it."""
-    return to_plain_json(trace.as_json(remove_postproc=False))
-
-
-def new_schedule(mod: tvm.IRModule, seed: int = -1) -> Any:
-    from tvm.s_tir.schedule import Schedule
-
-    return Schedule(mod, seed=seed if seed > 0 else None, debug_mask=0, error_render_level="detail")
-
-
-def replay_trace_json(mod: tvm.IRModule, trace_json: str) -> Any:
-    """The schedule a stored trace produces on ``mod`` (raises RuntimeError if it does not apply)."""
-    from tvm.s_tir.schedule import Trace
-
-    sch = new_schedule(mod)
-    Trace.apply_json_to_schedule(json.loads(trace_json), sch)
-    return sch
-
-
-def schedule_key(sch: Any) -> str:
-    """Identity of the program a schedule produced: equal programs, equal keys."""
-    import tvm_ffi
-
-    return format(tvm_ffi.structural_hash(sch.mod), "016x")
+    from tunecore.data import Task
 
 
 class DesignSpace:

@@ -7,11 +7,17 @@ about 2x slower) and its core count; ``cuda`` the local GPU; anything else is a 
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import os
-from typing import Any
+import sys
+import types
+from typing import TYPE_CHECKING, Any
 
 from tunecore.errors import UsageError
+
+if TYPE_CHECKING:
+    import tvm
 
 # Best first: the mcpu LLVM should tune for, by the flags /proc/cpuinfo reports.
 _X86_MCPU_BY_FLAGS = (
@@ -142,19 +148,6 @@ def _make_target(config: dict, spec: str) -> Any:
     return target
 
 
-def target_to_json(target: Any) -> str:
-    """Canonical JSON of a target: equal targets give equal strings."""
-    from tunecore.space import to_plain
-
-    return json.dumps(to_plain(target.export()), sort_keys=True)
-
-
-def target_from_json(text: str) -> Any:
-    import tvm
-
-    return tvm.target.Target(json.loads(text))
-
-
 def _cache_sizes() -> dict[str, int]:
     sizes = {}
     base = "/sys/devices/system/cpu/cpu0/cache"
@@ -213,3 +206,43 @@ def device_descriptor(target: Any) -> dict[str, Any]:
                 warp_size=dev.warp_size,
             )
     return desc
+
+
+# The tensor-intrinsic modules a target's schedule rules may refer to. Importing the whole
+# tvm.s_tir.tensor_intrin package costs ~37 s here (mostly CUDA intrinsics); one module costs < 1 s.
+_INTRINSICS_BY_KIND = {
+    "llvm": {"x86_64": "x86", "i386": "x86", "aarch64": "arm_cpu", "arm": "arm_cpu", "riscv64": "riscv_cpu"},
+    "cuda": "cuda",
+    "rocm": "rocm",
+    "metal": "metal",
+    "hexagon": "hexagon",
+}
+
+
+def load_tensor_intrinsics(target: tvm.target.Target) -> None:
+    """Register the tensor intrinsics ``target`` can use, and only those.
+
+    TuneContext imports ``tvm.s_tir.tensor_intrin`` (every intrinsic of every backend) on
+    construction; a package stub with the real path makes that import free and lets each
+    submodule be imported on its own.
+    """
+    import tvm.s_tir
+
+    package = "tvm.s_tir.tensor_intrin"
+    if package not in sys.modules:
+        stub = types.ModuleType(package)
+        stub.__path__ = [os.path.join(os.path.dirname(tvm.s_tir.__file__), "tensor_intrin")]
+        stub.__package__ = package
+        sys.modules[package] = stub
+    entry = _INTRINSICS_BY_KIND.get(target.kind.name)
+    if isinstance(entry, dict):
+        triple = str(target.attrs.get("mtriple", "")) or _host_triple()
+        entry = entry.get(triple.split("-")[0])
+    if entry:
+        importlib.import_module(f"{package}.{entry}")
+
+
+def _host_triple() -> str:
+    from tvm.target import codegen
+
+    return str(codegen.llvm_get_system_triple())

@@ -18,16 +18,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from tunecore.interfaces import (
-    CostModel,
-    Measurer,
-    Record,
-    RecordStore,
-    SearchPolicy,
-    Task,
-    TaskContext,
-    distinct,
-)
+from tunecore.data import Record, Task, distinct
+from tunecore.roles import CostModel, Measurer, RecordStore, SearchPolicy, TaskContext
 
 PHASES = ("search", "measure", "store", "learn")
 UNMEASURED = 1e10  # seconds; the latency a task without any successful record counts as

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tunecore.interfaces import CostModel
+from tunecore.roles import CostModel
 
 
 class NoneModel(CostModel):

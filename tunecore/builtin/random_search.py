@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from tunecore.interfaces import Candidate, SearchPolicy, Task, TaskContext
+from tunecore.data import Candidate, Task
+from tunecore.roles import SearchPolicy, TaskContext
 
 # Give up on a task after this many consecutive samples that were invalid or already measured.
 _MAX_MISSES = 64

@@ -17,7 +17,8 @@ import tempfile
 from typing import Any, Sequence
 
 from tunecore.errors import error_line
-from tunecore.interfaces import Candidate, Measurer, MeasureResult, Task
+from tunecore.data import Candidate, MeasureResult, Task
+from tunecore.roles import Measurer
 from tunecore.measure import worker
 
 
@@ -42,7 +43,8 @@ class LocalMeasurer(Measurer):
         super().__init__(target, **options)
         from tvm.support.popen_pool import PopenPoolExecutor
 
-        from tunecore.targets import physical_cores, target_to_json
+        from tunecore.targets import physical_cores
+        from tunecore.tvmjson import target_to_json
 
         self.target_json = target_to_json(target)
         self.build_timeout = build_timeout

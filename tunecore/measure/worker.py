@@ -16,8 +16,9 @@ _last_args: tuple[str, Any] | None = None  # runner: the arguments of the last t
 
 
 def init_worker(target_json: str) -> None:
-    from tunecore.space import load_tensor_intrinsics
-    from tunecore.targets import target_from_json, use_target_threads
+    from tunecore.targets import load_tensor_intrinsics
+    from tunecore.targets import use_target_threads
+    from tunecore.tvmjson import target_from_json
 
     target = target_from_json(target_json)
     use_target_threads(target)
@@ -46,7 +47,7 @@ def build(mod_json: str, target_json: str, artifact_dir: str) -> tuple[str, floa
     import tvm
     from tvm.s_tir.meta_schedule.builder.local_builder import default_build
 
-    from tunecore.targets import target_from_json
+    from tunecore.tvmjson import target_from_json
 
     start = time.perf_counter()
     library = default_build(tvm.ir.load_json(mod_json), target_from_json(target_json), None)

@@ -10,7 +10,8 @@ import os
 from typing import Any, Sequence
 
 from tunecore.errors import UsageError
-from tunecore.interfaces import Record, RecordStore, Task
+from tunecore.data import Record, Task
+from tunecore.roles import RecordStore
 
 FAILED_RUN_SECS = 1e10
 
@@ -19,7 +20,8 @@ def export_metaschedule(store: RecordStore, directory: str, tasks: Sequence[Task
     """Append every record of ``tasks`` to a JSONDatabase in ``directory``; returns how many were written."""
     from tvm.s_tir import meta_schedule as ms
 
-    from tunecore.space import load_tensor_intrinsics, replay_trace_json
+    from tunecore.targets import load_tensor_intrinsics
+    from tunecore.tvmjson import replay_trace_json
 
     os.makedirs(directory, exist_ok=True)
     db = ms.database.JSONDatabase(work_dir=directory)
@@ -47,7 +49,8 @@ def import_metaschedule(store: RecordStore, directory: str, target: Any | None =
     """
     from tvm.s_tir import meta_schedule as ms
 
-    from tunecore.space import load_tensor_intrinsics, replay_trace_json, schedule_key, trace_to_json
+    from tunecore.targets import load_tensor_intrinsics
+    from tunecore.tvmjson import replay_trace_json, schedule_key, trace_to_json
     from tunecore.workloads import kernel_class_of, make_task
 
     paths = [os.path.join(directory, f) for f in ("database_workload.json", "database_tuning_record.json")]

@@ -12,7 +12,8 @@ import time
 from typing import Any, Sequence
 
 from tunecore.errors import UsageError
-from tunecore.interfaces import Record, RecordStore, Task
+from tunecore.data import Record, Task
+from tunecore.roles import RecordStore
 
 FORMAT = "tunecore-store"
 SCHEMA_VERSION = 1

@@ -15,7 +15,8 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
-from tunecore.interfaces import Candidate, MeasureResult, Record, Task, TaskContext
+from tunecore.data import Candidate, MeasureResult, Record, Task
+from tunecore.roles import TaskContext
 from tunecore.testing.helpers import sample_candidates
 
 
@@ -78,7 +79,7 @@ class SearchPolicyConformance(_Suite):
         assert _registry().get("search", component_name).name == component_name
 
     def test_proposes_distinct_valid_candidates(self, component_name: str, task: Task) -> None:
-        from tunecore.space import replay_trace_json, schedule_key
+        from tunecore.tvmjson import replay_trace_json, schedule_key
 
         policy = self.make_policy(component_name)
         self._start(policy, task)
@@ -349,7 +350,7 @@ class MeasurerConformance(_Suite):
 
 
 def _unscheduled(op: str, target: Any) -> Candidate:
-    from tunecore.space import new_schedule
+    from tunecore.tvmjson import new_schedule
     from tunecore.testing.helpers import tiny_task
 
     task = tiny_task(op, target)

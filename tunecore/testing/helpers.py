@@ -5,7 +5,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Callable, Sequence
 
-from tunecore.interfaces import Candidate, Measurer, MeasureResult, Task
+from tunecore.data import Candidate, MeasureResult, Task
+from tunecore.roles import Measurer
 
 
 def tiny_task(op: str = "matmul-64", target: Any = None) -> Task:

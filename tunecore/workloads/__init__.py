@@ -14,7 +14,7 @@ import re
 from typing import Any
 
 from tunecore.errors import UsageError
-from tunecore.interfaces import Task
+from tunecore.data import Task
 
 
 @dataclasses.dataclass
@@ -86,7 +86,7 @@ def fuse(mod: Any, target: Any) -> Any:
 
 def extract_tasks(workload: Workload, target: Any) -> list[Task]:
     """One task per distinct fused TIR function, with its weight (occurrences) and FLOPs."""
-    from tunecore.space import load_tensor_intrinsics
+    from tunecore.targets import load_tensor_intrinsics
 
     load_tensor_intrinsics(target)
     if not workload.is_network:
@@ -112,7 +112,7 @@ def make_task(mod: Any, target: Any, *, name: str, kernel_class: str, model: str
     import tvm_ffi
     from tvm.s_tir import meta_schedule as ms
 
-    from tunecore.targets import target_to_json
+    from tunecore.tvmjson import target_to_json
 
     workload_hash = str(tvm_ffi.structural_hash(mod))
     target_json = target_to_json(target)
@@ -122,7 +122,7 @@ def make_task(mod: Any, target: Any, *, name: str, kernel_class: str, model: str
     except Exception:  # some functions (dynamic shapes, externs) have no static FLOP count
         flops = 0.0
     args = [arg.as_json() for arg in ms.arg_info.ArgInfo.from_prim_func(mod["main"])]
-    from tunecore.space import to_plain
+    from tunecore.tvmjson import to_plain
 
     return Task(
         task_id=task_id,
@@ -163,7 +163,7 @@ def _strip_suffix(op: str) -> str:
 
 
 def _compute_block_names(mod: Any) -> list[str]:
-    from tunecore.space import new_schedule
+    from tunecore.tvmjson import new_schedule
 
     sch = new_schedule(mod)
     names: list[str] = []

@@ -100,7 +100,7 @@ class XGBModel(CostModel):
         if context is None:
             from tvm.s_tir import meta_schedule as ms
 
-            from tunecore.space import load_tensor_intrinsics
+            from tunecore.targets import load_tensor_intrinsics
 
             load_tensor_intrinsics(task.target)
             context = ms.TuneContext(mod=task.mod, target=task.target, num_threads=self.threads)

@@ -102,7 +102,7 @@ class TransferSearch(SearchPolicy):
         self._teach(donors)
         untuned = None
         if self.untuned:
-            from tunecore.space import new_schedule
+            from tunecore.tvmjson import new_schedule
 
             untuned = Candidate.from_schedule(task, new_schedule(task.mod), origin="untuned")
         ranked = self._rank(task, self._pairs(state, donors, exclude={untuned.key} if untuned else set()))

@@ -1,0 +1,65 @@
+"""Component options: ``-O ROLE.KEY=VALUE`` / ``-O NAME.KEY=VALUE`` parsed, routed and checked."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence
+
+from tunecore.errors import UsageError
+
+
+def parse_options(pairs: list[str] | None, components: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
+    """``["search.population=64", "xgb.min_data=32"]`` -> {"search": {"population": 64}, "xgb": {"min_data": 32}}.
+
+    A key is ROLE.KEY (for whichever component fills the role) or NAME.KEY, for the component of
+    that name only -- so ``tunecore bench --search random,ansor -O ansor.population=64`` leaves
+    ``random`` alone. ``components`` are the names this command uses; another NAME is refused.
+    """
+    roles = {"search": "search", "cost_model": "cost_model", "cost-model": "cost_model", "measurer": "measurer"}
+    options: dict[str, dict[str, Any]] = {"search": {}, "cost_model": {}, "measurer": {}}
+    for pair in pairs or []:
+        key, sep, raw = pair.partition("=")
+        scope, dot, name = key.partition(".")
+        if not (sep and dot and name and (scope in roles or scope in components)):
+            raise UsageError(f"--option {pair!r}: expected ROLE.KEY=VALUE with ROLE one of search, cost_model, "
+                             f"measurer, or NAME.KEY=VALUE with NAME one of {', '.join(components) or 'the components used'}")
+        options.setdefault(roles.get(scope, scope), {})[name.replace("-", "_")] = _parse_value(raw)
+    return options
+
+
+def options_for(options: dict[str, dict[str, Any]] | None, role: str, name: str) -> dict[str, Any]:
+    """The keyword arguments of the component ``name`` filling ``role``: role-wide, then its own."""
+    options = options or {}
+    return {**options.get(role, {}), **(options.get(name, {}) if name != role else {})}
+
+
+def _parse_value(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+
+
+def check_options(**checks: tuple[object, bool, str]) -> None:
+    """Refuse bad option values (e.g. ``-O search.population=abc``) in a component's constructor, before any work.
+
+    Each check is ``name=(value, acceptable, what it must be)``; TypeError is what tunecore turns
+    into a one-line usage error.
+    """
+    for name, (value, acceptable, requirement) in checks.items():
+        if not acceptable:
+            raise TypeError(f"{name} must be {requirement}, not {value!r}")
+
+
+def is_int(value: object, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def is_number(value: object, low: float, high: float = float("inf")) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high
+
+
+def reject_unknown_options(label: str, name: str, options: dict[str, Any]) -> None:
+    """Refuse option keys a component's constructor did not take (TypeError: a one-line usage error)."""
+    if options:
+        raise TypeError(f"unknown option(s) for {label} '{name}': {', '.join(sorted(options))}")

@@ -1,0 +1,188 @@
+"""The four roles a plugin can fill, as abstract base classes: SearchPolicy, CostModel, RecordStore, Measurer.
+
+A component class names itself with the class attribute ``name``; the registry owns those names.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import TYPE_CHECKING, Any, ClassVar, Sequence
+
+from tunecore.data import Candidate, MeasureResult, Record, Task
+from tunecore.options import reject_unknown_options
+
+if TYPE_CHECKING:
+    import numpy as np
+    import tvm
+
+    from tunecore.space import DesignSpace
+
+
+class Component(abc.ABC):
+    """Common to all roles. ``target_kinds`` = the TVM target kinds a component supports (None: all)."""
+
+    name: ClassVar[str]
+    target_kinds: ClassVar[frozenset[str] | None] = None
+
+    @classmethod
+    def unsupported_reason(cls, target: tvm.target.Target) -> str | None:
+        """Why this component cannot work with ``target``, or None if it can."""
+        kind = target.kind.name
+        if cls.target_kinds is not None and kind not in cls.target_kinds:
+            return f"supports targets {sorted(cls.target_kinds)}, not '{kind}'"
+        return None
+
+    def close(self) -> None:
+        """Release processes, files and connections. Called once when the run ends."""
+
+
+@dataclasses.dataclass
+class TaskContext:
+    """What a search policy gets to know about one task when it starts on it."""
+
+    task: Task
+    space: DesignSpace  # the task's sketches, postprocessors and samplers
+    seed: int  # derive every random choice for this task from it
+    measured: set[str]  # keys of candidates already in the store; the core skips them anyway
+    history: list[Record]  # this task's records already in the store (resume, warm start)
+
+
+class SearchPolicy(Component):
+    """Per task, proposes the next batch of candidates; is told what they measured.
+
+    Built by the core as ``cls(cost_model=..., store=..., seed=..., **options)``.
+    The call order per task is ``start_task`` once, then ``propose`` / ``observe`` pairs.
+    """
+
+    def __init__(self, *, cost_model: CostModel, store: RecordStore, seed: int = 0, **options: Any):
+        reject_unknown_options("search", self.name, options)
+        self.cost_model = cost_model
+        self.store = store
+        self.seed = seed
+
+    @abc.abstractmethod
+    def start_task(self, context: TaskContext) -> None:
+        """Called once per task before its first ``propose``."""
+
+    @abc.abstractmethod
+    def propose(self, task: Task, n: int) -> list[Candidate]:
+        """Up to ``n`` candidates not measured before. An empty list means the task is exhausted."""
+
+    def observe(self, task: Task, candidates: Sequence[Candidate], results: Sequence[MeasureResult]) -> None:
+        """Called after the candidates of the last ``propose`` were measured and stored."""
+
+    def task_report(self, task: Task) -> dict[str, Any]:
+        """What the policy did for ``task``, for the run summary: flat JSON values, e.g. {"donor_task": ...}.
+
+        Called when the run ends, also for tasks it never started. ``tunecore run`` prints the
+        keys as columns of a per-task table.
+        """
+        return {}
+
+
+class CostModel(Component):
+    """Predicts which candidates run fast, learning from measured ones.
+
+    Built by the core as ``cls(seed=..., **options)``. One instance serves every task of a run.
+    ``learns`` says whether ``update`` teaches it anything; the conformance suite holds a model
+    that says so to ranking programs it has not seen.
+    """
+
+    learns: ClassVar[bool] = True
+
+    def __init__(self, *, seed: int = 0, **options: Any):
+        reject_unknown_options("cost model", self.name, options)
+        self.seed = seed
+
+    @abc.abstractmethod
+    def update(self, task: Task, candidates: Sequence[Candidate], results: Sequence[MeasureResult]) -> None:
+        """Learn from measured candidates; failed ones have ``result.error`` set."""
+
+    @abc.abstractmethod
+    def predict(self, task: Task, candidates: Sequence[Candidate]) -> np.ndarray:
+        """One float per candidate, higher = predicted faster. Only the order within a call matters."""
+
+    def save(self, path: str) -> None:
+        """Write the model to ``path`` in a format that is safe to load (no pickle)."""
+        raise NotImplementedError(f"cost model '{self.name}' cannot be saved")
+
+    def load(self, path: str) -> None:
+        """Read a model written by ``save``."""
+        raise NotImplementedError(f"cost model '{self.name}' cannot be loaded")
+
+
+class RecordStore(Component):
+    """Durable home of tasks, runs and records. Built by the core as ``cls(location)``.
+
+    ``commit`` must make the records durable before it returns: a crash right after loses nothing.
+    """
+
+    @abc.abstractmethod
+    def __init__(self, location: str):
+        ...
+
+    @abc.abstractmethod
+    def put_tasks(self, tasks: Sequence[Task]) -> None:
+        """Store tasks (idempotent); remembers which model each came from and with what weight."""
+
+    @abc.abstractmethod
+    def get_tasks(self, model: str | None = None, task_ids: Sequence[str] | None = None) -> list[Task]:
+        """Tasks of one model (with that model's weights), or by id, or all of them."""
+
+    @abc.abstractmethod
+    def commit(self, records: Sequence[Record]) -> None:
+        """Append records durably; a record whose (task_id, key) is stored already is ignored."""
+
+    @abc.abstractmethod
+    def records(self, task_id: str) -> list[Record]:
+        """All records of a task, failures included, in the order they were committed."""
+
+    @abc.abstractmethod
+    def best(self, task_id: str, k: int = 1) -> list[Record]:
+        """The ``k`` fastest successful records of a task, fastest first."""
+
+    @abc.abstractmethod
+    def counts(self, task_ids: Sequence[str]) -> dict[str, int]:
+        """Number of records (failures included) per task id."""
+
+    @abc.abstractmethod
+    def tasks_by_kernel_class(self, kernel_class: str, target_kind: str | None = None) -> list[Task]:
+        """Every stored task of a kernel class (any model), optionally only for one target kind."""
+
+    @abc.abstractmethod
+    def start_run(self, info: dict[str, Any]) -> int:
+        """Record that a run started (its settings); returns the run id stamped on its records."""
+
+    @abc.abstractmethod
+    def finish_run(self, run_id: int, summary: dict[str, Any]) -> None:
+        """Record how a run ended."""
+
+    @abc.abstractmethod
+    def runs(self) -> list[dict[str, Any]]:
+        """Every run: id, started_at, finished_at, info, summary."""
+
+
+class Measurer(Component):
+    """Builds and runs candidates on the target. Built by the core as ``cls(target, **options)``.
+
+    Failures (build errors, crashes, timeouts, wrong results) come back as results with ``error``
+    set; ``measure`` raises only when the measurer itself cannot work at all.
+    """
+
+    def __init__(self, target: tvm.target.Target, **options: Any):
+        reject_unknown_options("measurer", self.name, options)
+        self.target = target
+
+    @abc.abstractmethod
+    def measure(self, task: Task, candidates: Sequence[Candidate]) -> list[MeasureResult]:
+        """One result per candidate, in the same order."""
+
+
+ROLES: dict[str, type[Component]] = {
+    "search": SearchPolicy,
+    "cost_model": CostModel,
+    "store": RecordStore,
+    "measurer": Measurer,
+}
+ROLE_LABELS = {"search": "search policy", "cost_model": "cost model", "store": "record store", "measurer": "measurer"}
