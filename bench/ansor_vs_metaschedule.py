@@ -48,7 +48,8 @@ TOP_K = 3
 
 def run_tunecore(op: str, trials: int, seed: int, work: str, extra_args: list[str]) -> dict:
     variant = re.sub(r"[^A-Za-z0-9_.=-]+", "_", "".join(f"-{a}" for a in extra_args))
-    store = os.path.join(work, f"tunecore{variant}-{op}-{trials}-{seed}.db")  # emptied first: a repeated run's wall time is whole
+    # emptied first: a repeated run's wall time is whole
+    store = os.path.join(work, f"tunecore{variant}-{op}-{trials}-{seed}.db")
     return {**common.run_tunecore(f"op:{op}", trials, seed, search="ansor", cost_model="xgb", store=f"sqlite:{store}",
                                   extra_args=extra_args), "store": store}
 
@@ -147,7 +148,8 @@ def main() -> None:
         best = remeasure(task, {name: best_programs(run, task) for name, run in runs.items()})
         per_seed = [{"seed": s,
                      "tunecore_best_s": best[f"tunecore/{s}"], "metaschedule_best_s": best[f"metaschedule/{s}"],
-                     "tunecore_wall_s": runs[f"tunecore/{s}"]["wall_s"], "metaschedule_wall_s": runs[f"metaschedule/{s}"]["wall_s"],
+                     "tunecore_wall_s": runs[f"tunecore/{s}"]["wall_s"],
+                     "metaschedule_wall_s": runs[f"metaschedule/{s}"]["wall_s"],
                      "tunecore_errors": runs[f"tunecore/{s}"]["errors"]} for s in range(args.seeds)]
         ops[op] = {
             "gflop": task.flops / 1e9,
@@ -173,7 +175,8 @@ def main() -> None:
     report = {"benchmark": "ansor_vs_metaschedule", "trials": args.trials, "seeds": args.seeds, "threads": threads,
               "tunecore_args": extra,
               "metaschedule_builder_timeout_s": BUILDER_TIMEOUT_S, "environment": env, "ops": ops,
-              "median_best_latency_ratio": float(np.median([o["best_latency_ratio"] for o in ops.values()])) if ops else None,
+              "median_best_latency_ratio": float(np.median([o["best_latency_ratio"]
+                                                            for o in ops.values()])) if ops else None,
               "median_wall_time_ratio": float(np.median([o["wall_time_ratio"] for o in ops.values()])) if ops else None,
               "matmul_1024": big, "command": command_line("ansor_vs_metaschedule.py")}
     write_results(args.out, "ansor_vs_metaschedule", report, markdown(report))
@@ -195,7 +198,8 @@ def markdown(report: dict) -> str:
         f"CPU: {env['cpu']} ({env['cores']} cores, kernels on {report['threads']} threads), target "
         f"`{json.dumps(env['target'])}`, TVM {env['versions']['apache-tvm']}. Command: `{report['command']}`.",
         "",
-        *([f"tunecore's side ran with `{' '.join(report['tunecore_args'])}`.", ""] if report.get("tunecore_args") else []),
+        *([f"tunecore's side ran with `{' '.join(report['tunecore_args'])}`.", ""]
+          if report.get("tunecore_args") else []),
         "Latencies: the 3 best programs of each run re-measured together (median of 8 passes in random order); "
         "ratios < 1 favour tunecore. Wall time: whole processes, start to exit.",
         "",
@@ -217,7 +221,8 @@ def markdown(report: dict) -> str:
     if big:
         lines += ["", f"## matmul-1024 fp32 after {big['trials']} trials", "",
                   "| | ms | GFLOPS |", "|---|---:|---:|",
-                  f"| tunecore ansor+xgb ({big['tunecore_wall_s']:.0f} s of tuning) | {big['tunecore_s'] * 1e3:.3f} | {big['tunecore_gflops']:.1f} |",
+                  f"| tunecore ansor+xgb ({big['tunecore_wall_s']:.0f} s of tuning) | {big['tunecore_s'] * 1e3:.3f} "
+                  f"| {big['tunecore_gflops']:.1f} |",
                   f"| numpy ({big['numpy_blas']}) | {big['numpy_s'] * 1e3:.3f} | {big['numpy_gflops']:.1f} |",
                   "", f"tunecore reaches **{int(1000 * big['ratio']) / 10}%** of numpy's GFLOPS (rounded down)."]
     lines.append("")

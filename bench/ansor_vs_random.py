@@ -33,13 +33,13 @@ TOP_K = 4
 
 
 def tune(op: str, target: str, search: str, cost_model: str, trials: int, seed: int, work: str) -> tuple[str, float]:
-    from tunecore import session
+    from tunecore.api import TuneConfig, tune
 
     store = os.path.join(work, f"{op}-{search}-{trials}-{seed}.db")
     remove_sqlite(store)
     started = time.perf_counter()
-    session.tune(f"op:{op}", trials=trials, target=target, search=search, cost_model=cost_model,
-                 store=f"sqlite:{store}", seed=seed)
+    tune(TuneConfig(f"op:{op}", trials=trials, target=target, search=search, cost_model=cost_model,
+                    store=f"sqlite:{store}", seed=seed))
     return store, time.perf_counter() - started
 
 
@@ -53,8 +53,8 @@ def main() -> None:
     args = parser.parse_args()
 
     from tunecore.targets import host_target, physical_cores
-    from tunecore.tvmjson import target_from_json, target_to_json
     from tunecore.testing import remeasure_together, tiny_task
+    from tunecore.tvmjson import target_from_json, target_to_json
 
     cores = physical_cores() if args.cores == "all" else int(args.cores)
     target_json = json.dumps({**json.loads(target_to_json(host_target())), "num-cores": cores})

@@ -51,7 +51,8 @@ def run_tunecore(model: str, trials: int, seed: int, *, search: str, cost_model:
                            "--seed", str(seed), "--json", *extra_args])
     summary = json.loads(out)
     return {"wall_s": wall, "measured": summary["trials_measured"], "errors": summary["errors"],
-            "ok": summary["trials_measured"] - summary["errors"], "best_latency_s": summary["tasks"][0]["best_latency_s"],
+            "ok": summary["trials_measured"] - summary["errors"],
+            "best_latency_s": summary["tasks"][0]["best_latency_s"],
             "estimated_latency_ms": summary["estimated_latency_ms"], "phase_s": summary.get("phase_s"),
             "elapsed_s": summary["elapsed_s"], "tasks": summary["tasks"]}
 
@@ -79,7 +80,8 @@ def run_metaschedule(model: str, trials: int, seed: int, work_dir: str, *, strat
     return {"wall_s": wall, **json.loads(out.strip().splitlines()[-1]), "work_dir": work_dir}
 
 
-def _metaschedule_child(model: str, trials: int, seed: int, work_dir: str, strategy: str, builder_timeout: float) -> None:
+def _metaschedule_child(model: str, trials: int, seed: int, work_dir: str, strategy: str,
+                        builder_timeout: float) -> None:
     """Tune with MetaSchedule; print a JSON line with what got measured (best = lowest mean, MetaSchedule's ranking)."""
     import numpy as np
     from tvm.s_tir import meta_schedule as ms
@@ -109,7 +111,8 @@ def cached_run(done_path: str, key: str, run: Callable[[], dict]) -> dict:
 
 
 def build_from_store(workload, tasks: list, target, store_file: str) -> tuple[Any, int]:
-    """The workload built with the best records of a SQLite store, as `tunecore compile` builds it; (executable, tasks covered)."""
+    """The workload built with the best records of a SQLite store, as `tunecore compile` builds it;
+    (executable, tasks covered)."""
     from tunecore.compile import best_database, build
     from tunecore.store.sqlite import SqliteStore
 
@@ -134,11 +137,11 @@ def alternating_passes(timers: dict[str, Callable[[], float]], passes: int) -> d
 def time_together(model: str, stores: dict[str, str], passes: int) -> dict:
     """Build untuned + one build per store; check outputs; median latency over alternating passes."""
     import numpy as np
+    from tvm.s_tir import meta_schedule as ms
 
     from tunecore.compile import Runnable, build, max_relative_error, random_inputs
     from tunecore.targets import resolve_target, use_target_threads
     from tunecore.workloads import extract_tasks, load_workload
-    from tvm.s_tir import meta_schedule as ms
 
     target = resolve_target("llvm")
     use_target_threads(target)

@@ -78,11 +78,11 @@ def variants(name: str, model: Any, x: np.ndarray, onnx_path: str, store: str, t
     """name -> a function running one inference and returning the output as numpy (or raising)."""
     import onnxruntime as ort
     import torch
+    from tvm.s_tir import meta_schedule as ms
 
     from tunecore.compile import Runnable, build
     from tunecore.targets import resolve_target
     from tunecore.workloads import extract_tasks, load_workload
-    from tvm.s_tir import meta_schedule as ms
 
     torch.set_num_threads(threads)
     tx = torch.from_numpy(x)
@@ -176,7 +176,8 @@ def main() -> None:
     missing = [m for m in ("torch", "onnxruntime", *(["transformers"] if "bert-base" in models else []))
                if importlib.util.find_spec(m) is None]
     if missing:
-        parser.error(f"needs {', '.join(missing)}: pip install -e \".[e2e]\"" + (" transformers" if "transformers" in missing else ""))
+        parser.error(f"needs {', '.join(missing)}: pip install -e \".[e2e]\""
+                     + (" transformers" if "transformers" in missing else ""))
 
     import torch
 
@@ -222,8 +223,8 @@ def markdown(report: dict) -> str:
              f"CPU: {env['cpu']}, {report['threads']} threads for every variant; TVM {env['versions']['apache-tvm']}, "
              + ", ".join(f"{k} {v}" for k, v in report["versions"].items()) + f". Command: `{report['command']}`.", "",
              f"tunecore: `--search {report['search']} --cost-model {report['cost_model']} --trials {report['trials']}` "
-             f"on the ONNX export. Latency: median of {report['passes']} alternating passes, all variants in one process; "
-             "outputs checked against PyTorch eager.", "",
+             f"on the ONNX export. Latency: median of {report['passes']} alternating passes, all variants in "
+             "one process; outputs checked against PyTorch eager.", "",
              "| network | variant | ms | vs PyTorch eager | max rel. error vs PyTorch |", "|---|---|---:|---:|---:|"]
     for name, net in report["networks"].items():
         eager = net["variants"]["pytorch eager"].get("latency_ms")

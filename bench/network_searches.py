@@ -45,7 +45,8 @@ def main() -> None:
     for search, cost_model in pairs:
         name = f"{search}+{cost_model}"
         key = f"{args.model} {name} {args.trials} {args.seed}"
-        stores[name] = os.path.join(args.work, f"{args.model.replace(':', '-')}-{search}-{cost_model}-{args.trials}-{args.seed}.db")
+        stores[name] = os.path.join(args.work, f"{args.model.replace(':', '-')}-{search}-{cost_model}-"
+                                               f"{args.trials}-{args.seed}.db")
         runs[name] = common.cached_run(os.path.join(args.work, "runs.json"), key, lambda: common.run_tunecore(
             args.model, args.trials, args.seed, search=search, cost_model=cost_model, store=f"sqlite:{stores[name]}"))
         print(f"  {key}: {runs[name]['wall_s']:.0f} s, estimated {_estimate(runs[name])} ms",

@@ -41,7 +41,8 @@ def main() -> None:
     parser.add_argument("--model", default="op:matmul-512")
     parser.add_argument("--trials", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--with-stock", action="store_true", help="also run tune_tir with its stock 30 s builder timeout")
+    parser.add_argument("--with-stock", action="store_true",
+                        help="also run tune_tir with its stock 30 s builder timeout")
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     args = parser.parse_args()
 
@@ -53,7 +54,8 @@ def main() -> None:
         variants[f"metaschedule-{strategy}"] = (
             lambda s=strategy: run_metaschedule_once(args.model, args.trials, s, BUILDER_TIMEOUT_S, args.seed))
     if args.with_stock:
-        variants["metaschedule-stock"] = lambda: run_metaschedule_once(args.model, args.trials, "evolutionary", None, args.seed)
+        variants["metaschedule-stock"] = (
+            lambda: run_metaschedule_once(args.model, args.trials, "evolutionary", None, args.seed))
 
     results = {}
     for name, run in variants.items():
@@ -103,15 +105,18 @@ def markdown(report: dict) -> str:
     for name, r in report["results"].items():
         speedup = "-" if r["tunecore_speedup"] is None else f"{r['tunecore_speedup']:.1f}"
         best = "-" if r["best_latency_s"] is None else f"{r['best_latency_s'] * 1e3:.3f}"
-        lines.append(f"| {name} | {r['wall_s']:.1f} | {r['measured']} | {r['ok']} | {r['ok_per_min']:.1f} | {speedup} | {best} |")
+        lines.append(f"| {name} | {r['wall_s']:.1f} | {r['measured']} | {r['ok']} | {r['ok_per_min']:.1f} "
+                     f"| {speedup} | {best} |")
     runners = report["runners"]
     tc, ms = runners["tunecore"], runners["metaschedule"]
     lines += ["", "Wall time is the whole process, from start to exit. Both write every result to a database on disk "
               "(tunecore: its default SQLite store; MetaSchedule: its JSON database). MetaSchedule variants other than "
-              f"`stock` use `LocalBuilder(timeout_sec={report['metaschedule_builder_timeout_s']})` so that builds can finish.",
+              f"`stock` use `LocalBuilder(timeout_sec={report['metaschedule_builder_timeout_s']})` so that "
+              "builds can finish.",
               "",
-              f"Timing per candidate: tunecore `local` takes one cold call, then {tc['repeat']} repeats of as many calls as "
-              f"fill {tc['min_repeat_ms']} ms (median), and a candidate whose cold call is more than {tc['screen']}× the "
+              f"Timing per candidate: tunecore `local` takes one cold call, then {tc['repeat']} repeats of as many "
+              f"calls as fill {tc['min_repeat_ms']} ms (median), and a candidate whose cold call is more than "
+              f"{tc['screen']}× the "
               f"task's best so far is timed by that call alone; MetaSchedule's LocalRunner: one warm-up call, then "
               f"{ms['repeat']} repeat of {ms['number']} calls, raised to fill {ms['min_repeat_ms']} ms (mean). Neither "
               "flushes caches.", ""]

@@ -29,7 +29,8 @@ def _init_keeping_scale(model: nn.Module, linear_std: float | None) -> None:
             nn.init.zeros_(m.bias)
 
 
-def _conv_bn(cin: int, cout: int, kernel: int, stride: int = 1, groups: int = 1, relu: str | None = "relu") -> nn.Sequential:
+def _conv_bn(cin: int, cout: int, kernel: int, stride: int = 1, groups: int = 1,
+             relu: str | None = "relu") -> nn.Sequential:
     layers: list[nn.Module] = [nn.Conv2d(cin, cout, kernel, stride, kernel // 2, groups=groups, bias=False),
                                nn.BatchNorm2d(cout)]
     if relu == "relu":
@@ -69,7 +70,8 @@ class _InvertedResidual(nn.Module):
         super().__init__()
         hidden = cin * expand
         layers = [_conv_bn(cin, hidden, 1, relu="relu6")] if expand != 1 else []
-        layers += [_conv_bn(hidden, hidden, 3, stride, groups=hidden, relu="relu6"), _conv_bn(hidden, cout, 1, relu=None)]
+        layers += [_conv_bn(hidden, hidden, 3, stride, groups=hidden, relu="relu6"),
+                   _conv_bn(hidden, cout, 1, relu=None)]
         self.body = nn.Sequential(*layers)
         self.residual = stride == 1 and cin == cout
 

@@ -74,10 +74,12 @@ def main() -> None:
 
     def tune_donors() -> dict:  # one pool, filled from empty: each run adds its model to the same store
         common.remove_sqlite(pool)
-        return {model: common.run_tunecore(model, args.donor_trials, args.seed, search="ansor", cost_model="xgb", store=pool)
+        return {model: common.run_tunecore(model, args.donor_trials, args.seed, search="ansor", cost_model="xgb",
+                                           store=pool)
                 for model in donors}
 
-    donor_runs = common.cached_run(done, f"donors {','.join(donors)} ansor xgb {args.donor_trials} {args.seed}", tune_donors)
+    donor_runs = common.cached_run(done, f"donors {','.join(donors)} ansor xgb {args.donor_trials} {args.seed}",
+                                   tune_donors)
 
     results = {}
     for model in targets:
@@ -95,13 +97,15 @@ def main() -> None:
                 return common.run_tunecore(model, args.transfer_trials, args.seed, search="transfer",
                                            cost_model=cost_model, store=store)
 
-            runs[name] = common.cached_run(done, f"{model} {name} {args.transfer_trials} {args.seed} pool {args.donors} {args.donor_trials}",
+            runs[name] = common.cached_run(done, f"{model} {name} {args.transfer_trials} {args.seed} "
+                                                 f"pool {args.donors} {args.donor_trials}",
                                            transfer)
         full, converged = f"ansor+xgb {args.full_trials}", f"ansor+xgb {args.converged_trials}"
         stores[full] = os.path.join(args.work, f"{slug}-ansor-xgb-{args.full_trials}.db")
         stores[converged] = os.path.join(args.work, f"{slug}-ansor-xgb-{args.full_trials}-{args.converged_trials}.db")
-        runs[full] = common.cached_run(done, f"{model} ansor+xgb {args.full_trials} {args.seed}", lambda: common.run_tunecore(
-            model, args.full_trials, args.seed, search="ansor", cost_model="xgb", store=f"sqlite:{stores[full]}"))
+        runs[full] = common.cached_run(
+            done, f"{model} ansor+xgb {args.full_trials} {args.seed}", lambda: common.run_tunecore(
+                model, args.full_trials, args.seed, search="ansor", cost_model="xgb", store=f"sqlite:{stores[full]}"))
 
         def resume_ansor() -> dict:  # the same run, given more trials: it continues from the smaller budget's store
             common.remove_sqlite(stores[converged])
@@ -118,18 +122,20 @@ def main() -> None:
         kernels = {name: _best_latencies(store, untuned) for name, store in stores.items()}
         print(f"building and timing {model} ...", file=sys.stderr, flush=True)
         builds = common.time_together(model, stores, args.passes)
-        results[model] = {"runs": runs, "builds": builds, "ansor_curve": ansor_curve, "ansor_curve_unshared": unshared_curve,
+        results[model] = {"runs": runs, "builds": builds, "ansor_curve": ansor_curve,
+                          "ansor_curve_unshared": unshared_curve,
                           "converged_curve": curve(stores[converged], model=model, search="ansor", start_s=untuned),
                           "untuned_kernels_s": untuned, "shared_tasks": sorted(shared), "best_kernels_s": kernels,
                           "tasks": {t["task_id"]: {k: t[k] for k in ("name", "weight", "flops")}
                                     for t in runs[full]["tasks"]},
-                          "transfer_tasks": {name: run["tasks"] for name, run in runs.items() if name.startswith("transfer")}}
+                          "transfer_tasks": {name: run["tasks"] for name, run in runs.items()
+                                             if name.startswith("transfer")}}
         for run in runs.values():
             run.pop("tasks", None)
 
     report = {"benchmark": "transfer", "donors": donor_runs, "targets": results, "paper": PAPER,
-              "settings": {k: getattr(args, k) for k in ("donor_trials", "transfer_trials", "full_trials", "converged_trials",
-                                                         "cost_models", "seed", "passes")},
+              "settings": {k: getattr(args, k) for k in ("donor_trials", "transfer_trials", "full_trials",
+                                                         "converged_trials", "cost_models", "seed", "passes")},
               "environment": environment(), "command": command_line("transfer.py")}
     for run in donor_runs.values():
         run.pop("tasks", None)
@@ -140,8 +146,8 @@ def _untuned_latencies(model: str) -> dict[str, float]:
     """Task id -> latency of the task's unscheduled program, each measured on its own by the local measurer."""
     from tunecore.interfaces import Candidate
     from tunecore.measure.local import LocalMeasurer
-    from tunecore.tvmjson import new_schedule
     from tunecore.targets import resolve_target
+    from tunecore.tvmjson import new_schedule
     from tunecore.workloads import extract_tasks, load_workload
 
     target = resolve_target("llvm")
@@ -149,7 +155,8 @@ def _untuned_latencies(model: str) -> dict[str, float]:
     try:
         latencies = {}
         for task in extract_tasks(load_workload(model), target):
-            (result,) = measurer.measure(task, [Candidate.from_schedule(task, new_schedule(task.mod), origin="untuned")])
+            (result,) = measurer.measure(task,
+                                         [Candidate.from_schedule(task, new_schedule(task.mod), origin="untuned")])
             if result.error:
                 raise SystemExit(f"{model} {task.name}: the unscheduled program failed: {result.error}")
             latencies[task.task_id] = result.latency
@@ -191,7 +198,8 @@ def _to_reach(curve: dict, estimate_s: float) -> tuple[int, float] | tuple[None,
 def _estimate(result: dict, build: str, task_ids) -> float:
     """Sum of weight x latency over the tasks: the build's best kernels ("untuned": the unscheduled programs)."""
     latencies = result["untuned_kernels_s"] if build == "untuned" else result["best_kernels_s"][build]
-    return sum(result["tasks"][t]["weight"] * (latencies[t] if latencies[t] is not None else result["untuned_kernels_s"][t])
+    return sum(result["tasks"][t]["weight"] * (latencies[t] if latencies[t] is not None
+                                               else result["untuned_kernels_s"][t])
                for t in task_ids)
 
 
@@ -224,7 +232,8 @@ def summarize(report: dict) -> list[dict]:
             if not name.startswith("transfer"):
                 continue
             trials_all, match_all = _to_reach(result["ansor_curve"], _estimate(result, name, every))
-            trials_unshared, match_unshared = _to_reach(result["ansor_curve_unshared"], _estimate(result, name, unshared))
+            trials_unshared, match_unshared = _to_reach(result["ansor_curve_unshared"],
+                                                        _estimate(result, name, unshared))
             rows.append({
                 "model": model, "variant": name, "speedup": speedup(name),
                 "pct_of_max": {ansor: 100 * speedup(name) / speedup(ansor) for ansor in (full, converged)},
@@ -260,7 +269,8 @@ def markdown(report: dict) -> str:
         + ", ".join(f"{m} ({r['elapsed_s']:.0f} s)" for m, r in report["donors"].items()) + ".",
         f"Per target: `transfer` with {settings['transfer_trials']} trials on a copy of that store; ansor+xgb from "
         f"scratch with {settings['full_trials']} trials, and on a copy of its store resumed up to "
-        f"{settings['converged_trials']} (+: the resumed run's own seconds and trials); both are maximum speedups. End-to-end latencies: median of {settings['passes']} alternating passes over all builds of a "
+        f"{settings['converged_trials']} (+: the resumed run's own seconds and trials); both are maximum speedups. "
+        f"End-to-end latencies: median of {settings['passes']} alternating passes over all builds of a "
         "target in one process, every build timed the same way.",
         "",
         "| target | build | tuning s | measured (failed) | estimated ms | end-to-end ms | speedup |",
@@ -274,10 +284,12 @@ def markdown(report: dict) -> str:
         for name, run in result["runs"].items():
             b = builds[name]
             more = "+" if name == converged else ""  # the resumed run: on top of a first run's trials
-            lines.append(f"| {model} | {name} | {more}{run['elapsed_s']:.0f} | {more}{run['measured']} ({run['errors']}) "
+            lines.append(f"| {model} | {name} | {more}{run['elapsed_s']:.0f} "
+                         f"| {more}{run['measured']} ({run['errors']}) "
                          f"| {_estimate(result, name, result['tasks']) * 1e3:.1f} | {b['latency_ms']:.1f} "
                          f"| {untuned / b['latency_ms']:.2f} |")
-    lines += ["", "Shared kernels: tasks of the target that a donor run tuned itself (the same kernel in two models).", ""]
+    lines += ["", "Shared kernels: tasks of the target that a donor run tuned itself (the same kernel in two models).",
+              ""]
     for model, result in report["targets"].items():
         flops = {t: v["weight"] * v["flops"] for t, v in result["tasks"].items()}
         shared = result["shared_tasks"]
@@ -296,7 +308,8 @@ def markdown(report: dict) -> str:
         "include the time it spent on shared kernels; its trials count only those on the kernels in question). "
         "Ratio = that / transfer's tuning seconds; trials: ansor's trials to match / transfer's measured trials.",
         "",
-        f"| target | transfer | e2e % of max ({settings['full_trials']}) | e2e % of max ({settings['converged_trials']}) "
+        f"| target | transfer | e2e % of max ({settings['full_trials']}) "
+        f"| e2e % of max ({settings['converged_trials']}) "
         "| est. % of max | est. % of max, unshared | ansor s to match | ratio | ansor s to match, unshared "
         "| ratio, unshared | ansor trials to match / transfer's | unshared |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
@@ -305,7 +318,8 @@ def markdown(report: dict) -> str:
     for r in rows:
         match = "never" if r["ansor_match_s"] is None else f"{r['ansor_match_s']:.0f}"
         match_unshared = "never" if r["ansor_match_unshared_s"] is None else f"{r['ansor_match_unshared_s']:.0f}"
-        lines.append(f"| {r['model']} | {r['variant']} | {_pct(r['pct_of_max'][full])} | {_pct(r['pct_of_max'][converged])} "
+        lines.append(f"| {r['model']} | {r['variant']} | {_pct(r['pct_of_max'][full])} "
+                     f"| {_pct(r['pct_of_max'][converged])} "
                      f"| {_pct(r['pct_of_max_estimated'])} | {_pct(r['pct_of_max_estimated_unshared'])} | {match} "
                      f"| {_ratio(r['time_ratio'])} | {match_unshared} | {_ratio(r['time_ratio_unshared'])} "
                      f"| {r['ansor_match_trials'] or 'never'} / {r['transfer_trials']} "

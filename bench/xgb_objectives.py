@@ -30,6 +30,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from common import write_results  # noqa: E402
+
 TOP_K = (1, 8, 32)
 
 
@@ -110,8 +111,8 @@ def main() -> None:
         print(objective, json.dumps({"within": within, "cross": cross_mean}), file=sys.stderr)
 
     # speed: 2,048 fresh candidates of the first task, then the same again (features cached)
-    from tunecore.space import DesignSpace
     from tunecore.interfaces import Candidate
+    from tunecore.space import DesignSpace
 
     task = tasks[0]
     model = XGBModel(seed=args.seed)
@@ -165,7 +166,8 @@ def metaschedule_predict_seconds(task, measured: list, fresh: list, threads: int
 def markdown(report: dict) -> str:
     lines = [f"# xgb cost model: pack-sum vs rank ({report['records']} records: "
              + ", ".join(f"{k} {v}" for k, v in report["tasks"].items()) + ")", "",
-             "| objective | split | peak@1 | peak@8 | peak@32 | Spearman | train s |", "|---|---|---:|---:|---:|---:|---:|"]
+             "| objective | split | peak@1 | peak@8 | peak@32 | Spearman | train s |",
+             "|---|---|---:|---:|---:|---:|---:|"]
     for objective, r in report["objectives"].items():
         for split, m in (("within task", r["within_task"]), ("unseen task (mean)", r["cross_task_mean"])):
             lines.append(f"| {objective} | {split} | {m['peak@1']:.3f} | {m['peak@8']:.3f} | {m['peak@32']:.3f} | "
@@ -174,8 +176,8 @@ def markdown(report: dict) -> str:
     lines += ["", f"predict on 2,048 new candidates of {p['task']} ({p['threads']} threads): {p['cold_s']:.2f} s with "
               f"feature extraction, {p['cached_s']:.3f} s with features cached."]
     if "extract_only_s" in p:
-        lines += ["", f"TVM's PerStoreFeature extraction alone on the same 2,048 programs: {p['extract_only_s']:.2f} s; "
-                      f"MetaSchedule's own XGBModel.predict on them: {p['metaschedule_cold_s']:.2f} s."]
+        lines += ["", f"TVM's PerStoreFeature extraction alone on the same 2,048 programs: {p['extract_only_s']:.2f} "
+                      f"s; MetaSchedule's own XGBModel.predict on them: {p['metaschedule_cold_s']:.2f} s."]
     lines.append("")
     return "\n".join(lines)
 

@@ -65,6 +65,7 @@ def write_tiny_onnx(path, size=64):
         helper.make_node("Reshape", ["r", "shape"], ["f"]),
         helper.make_node("MatMul", ["f", "W2"], ["y"]),
     ]
-    graph = helper.make_graph(nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, size, size])],
+    graph = helper.make_graph(nodes, "tiny",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, size, size])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])], weights)
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)

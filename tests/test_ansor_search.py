@@ -32,7 +32,8 @@ def _ansor(cost_model_name="none", seed=0, **options):
     if cost_model_name == ThirdPartyModel.name:
         cost_model = ThirdPartyModel(seed=seed)
     else:
-        cost_model = registry.get("cost_model", cost_model_name)(seed=seed, **({"min_data": 4} if cost_model_name == "xgb" else {}))
+        cost_model = registry.get("cost_model", cost_model_name)(
+            seed=seed, **({"min_data": 4} if cost_model_name == "xgb" else {}))
     policy = registry.get("search", "ansor")(cost_model=cost_model, store=MemoryStore(), seed=seed, **options)
     return policy, cost_model
 
@@ -46,7 +47,8 @@ def innermost_j(candidate):
 @pytest.mark.parametrize("options, fragment", [
     (["-O", "search.population=abc"], "population must be an integer >= 2, not 'abc'"),
     (["-O", "search.eps_greedy=1.5"], "eps_greedy must be between 0 and 1"),
-    (["-O", "search.min_population=64", "-O", "search.max_population=8"], "max_population must be an integer >= min_population"),
+    (["-O", "search.min_population=64", "-O", "search.max_population=8"],
+     "max_population must be an integer >= min_population"),
     (["-O", "cost_model.objective=mse"], "objective must be 'pack-sum' or 'rank'"),
     (["-O", "cost_model.rounds=0"], "rounds must be an integer >= 1"),
 ])
@@ -166,7 +168,8 @@ def test_xgb_saves_json_without_pickle_and_predicts_the_same_after_loading(matmu
     assert b"numpy" not in raw and b"\x80" not in raw  # no pickle stream inside
     _, fresh = _ansor("xgb", seed=5)
     fresh.load(str(path))
-    np.testing.assert_allclose(fresh.predict(matmul_task, candidates), model.predict(matmul_task, candidates), rtol=1e-6)
+    np.testing.assert_allclose(fresh.predict(matmul_task, candidates), model.predict(matmul_task, candidates),
+                               rtol=1e-6)
 
     other = tmp_path / "other.json"
     other.write_text(json.dumps({"format": "something-else"}))
@@ -207,7 +210,8 @@ def test_ansor_with_xgb_finds_faster_programs_than_random_search_at_the_same_bud
             model = registry.get("cost_model", cost_model)(seed=seed, **model_options)
             store = MemoryStore()
             policy = registry.get("search", search)(cost_model=model, store=store, seed=seed, **search_options)
-            Tuner(search=policy, cost_model=model, store=store, measurer=InstantMeasurer(task.target, latency=tiled_latency),
+            Tuner(search=policy, cost_model=model, store=store,
+                  measurer=InstantMeasurer(task.target, latency=tiled_latency),
                   seed=seed, round_size=16).tune([task], 64)
             best[search] = store.best(task.task_id)[0].latency
         ratios.append(best["ansor"] / best["random"])

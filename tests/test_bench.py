@@ -4,8 +4,9 @@ import json
 import os
 
 import pytest
-
 from conftest import assert_one_line_exit_2, run_cli
+
+from tunecore.api import TuneConfig
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -63,7 +64,7 @@ def test_an_interrupted_matrix_resumes_without_measuring_again(tmp_path):
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        bench.run_matrix(cells, trials=16, out=out, on_round=interrupt_in_second_cell)
+        bench.run_matrix(cells, TuneConfig("", trials=16), out=out, on_round=interrupt_in_second_cell)
     results = bench.load_results(out)
     assert list(results["cells"]) == [cells[0].id]  # the interrupted cell is not recorded as done
 
@@ -79,7 +80,7 @@ def test_an_interrupted_matrix_resumes_without_measuring_again(tmp_path):
     assert len(before) == 8
 
     skipped = []
-    bench.run_matrix(cells, trials=16, out=out, on_cell=lambda i, c, s: skipped.append(s))
+    bench.run_matrix(cells, TuneConfig("", trials=16), out=out, on_cell=lambda i, c, s: skipped.append(s))
     assert skipped == [True, False]
     after, runs = records(cells[1])
     assert len(after) == 16 and len({r.key for r in after}) == 16
@@ -115,7 +116,7 @@ def test_a_network_cell_is_compiled_and_timed_end_to_end(tmp_path):
 
     out = str(tmp_path / "m")
     (cell,) = bench.plan(["zoo:bert-tiny"], ["random"], ["none"], seeds=1)
-    results = bench.run_matrix([cell], trials=42, out=out)  # 14 tasks
+    results = bench.run_matrix([cell], TuneConfig("", trials=42), out=out)  # 14 tasks
     entry = results["cells"][cell.id]
     assert entry["status"] == "finished" and entry["trials_total"] == 42
     e2e = entry["e2e"]
@@ -131,7 +132,7 @@ def test_a_network_cell_is_compiled_and_timed_end_to_end(tmp_path):
     store = SqliteStore(os.path.join(out, cell.store_path))
     weights = {t.task_id: t.weight for t in store.get_tasks()}
     store.close()
-    started = bench.curve(os.path.join(out, cell.store_path), bench_cell=cell.id, start_s=dict.fromkeys(weights, 1.0))
+    started = bench.curve(os.path.join(out, cell.store_path), run_key=cell.id, start_s=dict.fromkeys(weights, 1.0))
     assert started["trials"][0] == 1
     assert sum(weights.values()) - max(weights.values()) < started["best_s"][0] < sum(weights.values())
     assert started["best_s"] == sorted(started["best_s"], reverse=True)

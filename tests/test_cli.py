@@ -8,8 +8,8 @@ import sys
 import time
 
 import pytest
-
-from conftest import ROOT, assert_one_line_exit_2, cli_json as _json, run_cli
+from conftest import ROOT, assert_one_line_exit_2, run_cli
+from conftest import cli_json as _json
 
 
 def test_run_stores_records_and_resumes_with_the_difference(tmp_path):
@@ -62,26 +62,32 @@ def test_records_export_import_round_trip(tmp_path):
 @pytest.mark.parametrize(
     "args, fragments",
     [
-        (["run", "--model", "op:matmul-64", "--trials", "4", "--search", "nosuch"], ["unknown search policy 'nosuch'", "random"]),
-        (["run", "--model", "op:matmul-64", "--trials", "4", "--cost-model", "nosuch"], ["unknown cost model 'nosuch'"]),
+        (["run", "--model", "op:matmul-64", "--trials", "4", "--search", "nosuch"],
+         ["unknown search policy 'nosuch'", "random"]),
+        (["run", "--model", "op:matmul-64", "--trials", "4", "--cost-model", "nosuch"],
+         ["unknown cost model 'nosuch'"]),
         (["run", "--model", "op:nosuch", "--trials", "4"], ["unknown operator 'op:nosuch'"]),
         (["run", "--model", "zoo:nosuch", "--trials", "4"], ["unknown zoo model"]),
         (["run", "--model", "missing.onnx", "--trials", "4"], ["no such file"]),
         (["run", "--model", "op:matmul-64", "--trials", "4", "--target", "{bad json"], ["not valid JSON"]),
         (["run", "--model", "op:matmul-64", "--trials", "4", "--target", '{"kind": "nosuch"}'], ["nosuch"]),
-        (["run", "--model", "op:matmul-64", "--trials", "4", "--target", '{"kind": "llvm", "mcpu": "bogus"}'], ["bogus"]),
+        (["run", "--model", "op:matmul-64", "--trials", "4", "--target", '{"kind": "llvm", "mcpu": "bogus"}'],
+         ["bogus"]),
         (["run", "--model", "op:matmul-64", "--trials", "4", "--target", "nvidia/nosuch"], ["nvidia/nosuch"]),
         (["run", "--model", "op:matmul-64", "--trials", "4", "-O", "search.nosuch=1"], ["unknown option", "nosuch"]),
         (["run", "--model", "op:matmul-64", "--trials", "4", "-O", "nodot"], ["ROLE.KEY=VALUE"]),
-        (["run", "--model", "op:matmul-64", "--trials", "4", "-O", "xgb.min_data=3"], ["NAME.KEY=VALUE", "random, none, local"]),
+        (["run", "--model", "op:matmul-64", "--trials", "4", "-O", "xgb.min_data=3"],
+         ["NAME.KEY=VALUE", "random, none, local"]),
         (["run", "--model", "op:matmul-64"], ["--trials"]),
         (["records", "list", "--store", "does-not-exist.db"], ["no such store"]),
         (["compile", "--model", "op:matmul-64", "--store", "does-not-exist.db"], ["no such store"]),
-        (["records", "import", "--format", "metaschedule", "/nonexistent-dir", "--store", "memory:"], ["not a MetaSchedule JSON database"]),
+        (["records", "import", "--format", "metaschedule", "/nonexistent-dir", "--store", "memory:"],
+         ["not a MetaSchedule JSON database"]),
     ],
 )
 def test_mistakes_are_one_line_and_exit_2(args, fragments, tmp_path):
-    assert_one_line_exit_2(run_cli(*args, "--store", "memory:") if args[0] == "run" else run_cli(*args, cwd=tmp_path), *fragments)
+    assert_one_line_exit_2(run_cli(*args, "--store", "memory:") if args[0] == "run" else run_cli(*args, cwd=tmp_path),
+                           *fragments)
 
 
 def test_options_apply_by_role_or_by_component_name():
@@ -97,7 +103,8 @@ def test_options_apply_by_role_or_by_component_name():
 def test_broken_onnx_file_is_one_line_and_exit_2(tmp_path):
     broken = tmp_path / "broken.onnx"
     broken.write_bytes(b"this is not an onnx model")
-    assert_one_line_exit_2(run_cli("run", "--model", str(broken), "--trials", "4", "--store", "memory:"), "not a valid ONNX model")
+    assert_one_line_exit_2(run_cli("run", "--model", str(broken), "--trials", "4", "--store", "memory:"),
+                           "not a valid ONNX model")
 
 
 def test_store_of_another_program_is_refused(tmp_path):
@@ -107,14 +114,16 @@ def test_store_of_another_program_is_refused(tmp_path):
     assert_one_line_exit_2(run_cli("records", "list", "--store", str(foreign)), "not a tunecore store")
     text = tmp_path / "notes.txt"
     text.write_text("hello " * 1000)
-    assert_one_line_exit_2(run_cli("run", "--model", "op:matmul-64", "--trials", "1", "--store", str(text)), "not a tunecore store")
+    assert_one_line_exit_2(run_cli("run", "--model", "op:matmul-64", "--trials", "1", "--store", str(text)),
+                           "not a tunecore store")
 
 
 def test_kill_9_loses_nothing_committed_and_measures_nothing_twice(tmp_path):
     store = str(tmp_path / "k.db")
     args = [sys.executable, "-m", "tunecore.cli", "run", "--model", "op:matmul-128", "--trials", "400", "--round-size",
             "4", "--store", store, "--json"]
-    process = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    process = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
     try:
         deadline = time.time() + 300
         while time.time() < deadline and _count(store) < 12:

@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 import tvm_ffi
+from conftest import cli_json as _json
+from conftest import run_cli, write_tiny_onnx
 
-from conftest import cli_json as _json, run_cli, write_tiny_onnx
 from tunecore.compile import Runnable, best_database, build, random_inputs, scheduled_operator
 from tunecore.store.sqlite import SqliteStore
 from tunecore.targets import use_target_threads
@@ -66,7 +67,8 @@ def test_operator_outputs_match_numpy(tmp_path, target, model):
     assert covered == 1
     a, b, c = random_inputs(workload)
     expected = a.astype(np.float64) @ b.astype(np.float64)
-    for executable in (build(workload, target, database), build(workload, target, best_database(SqliteStore(":memory:"), [], target)[0])):
+    for executable in (build(workload, target, database),
+                       build(workload, target, best_database(SqliteStore(":memory:"), [], target)[0])):
         (got,) = Runnable(executable, workload, target, [a, b, c]).outputs()
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
 
@@ -100,4 +102,5 @@ def test_a_network_gets_every_tasks_best_record_and_is_faster(tmp_path, target):
     assert len(bodies) == len(tasks)
     for task, scheduled in zip(tasks, best):
         assert sum(tvm_ffi.structural_equal(b, scheduled, map_free_vars=True) for b in bodies) == 1, task.name
-        assert not any(tvm_ffi.structural_equal(b, task.mod["main"].body, map_free_vars=True) for b in bodies), task.name
+        assert not any(tvm_ffi.structural_equal(b, task.mod["main"].body, map_free_vars=True)
+                       for b in bodies), task.name

@@ -29,7 +29,8 @@ def _imports(path: pathlib.Path, modules: set[str]) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1]
+                                + ([base] if base else []))
             # `from tunecore.x import y` imports the module tunecore.x.y when there is one
             found.update(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names)
     edges = set()

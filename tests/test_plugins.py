@@ -2,20 +2,20 @@
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import textwrap
 
 import pluggy
 import pytest
+from conftest import assert_one_line_exit_2, run_cli
 
-from conftest import run_cli
 from tunecore import hookimpl
 from tunecore.builtin.random_search import RandomSearch
 from tunecore.errors import PluginError
 from tunecore.plugins import new_plugin_manager
-from tunecore.registry import describe_plugins
-from tunecore.registry import Registry
+from tunecore.registry import Registry, describe_plugins
 
 
 def _manager_with(*plugins):
@@ -88,7 +88,8 @@ def test_plugins_json_describes_the_core():
     plugins = describe_plugins(_manager_with())
     (core,) = plugins
     assert core["distribution"] == "tunecore"
-    assert core["components"] == {"cost_model": ["none"], "measurer": ["local"], "search": ["random"], "store": ["memory", "sqlite"]}
+    assert core["components"] == {"cost_model": ["none"], "measurer": ["local"], "search": ["random"],
+                                  "store": ["memory", "sqlite"]}
     assert "tunecore_register_search_policies" in core["hooks"]
 
 
@@ -100,7 +101,8 @@ def test_incompatible_target_is_refused_before_work(target):
     import tvm
 
     if not tvm.cuda().exist:
-        with pytest.raises(PluginError, match="measurer 'local' cannot be used with target cuda: there is no cuda device"):
+        with pytest.raises(PluginError,
+                           match="measurer 'local' cannot be used with target cuda: there is no cuda device"):
             registry.check_target(cuda, measurer="local")
     registry.check_target(target, search="random", cost_model="none", measurer="local")
 
@@ -162,6 +164,24 @@ def tunecore_on_run_started(run, tasks):  # the hook is tunecore_on_run_start
     raise AssertionError("never called")
 '''
 
+def _guide_example(name):
+    """The code block under ``<!-- example: NAME -->`` in docs/plugin-guide.md: the guide's examples are tested."""
+    guide = (pathlib.Path(__file__).parents[1] / "docs" / "plugin-guide.md").read_text()
+    block = guide.split(f"<!-- example: {name} -->", 1)[1]
+    return block.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+_COMMAND_MODULE = _guide_example("command-plugin")
+
+_CLASHING_COMMAND_MODULE = '''
+from tunecore import hookimpl
+
+
+@hookimpl
+def tunecore_register_commands(register):
+    register("run", lambda args: 0, help="not tunecore's run")
+'''
+
 
 def _write_project(root, dist, package, module_text):
     project = root / dist
@@ -189,6 +209,8 @@ def plugin_site(tmp_path_factory):
         _write_project(root, "tunecore-first-sketch", "tunecore_first_sketch", _PLUGIN_MODULE),
         _write_project(root, "tunecore-dup", "tunecore_dup", _DUPLICATE_MODULE),
         _write_project(root, "tunecore-misspelled", "tunecore_misspelled", _MISSPELLED_MODULE),
+        _write_project(root, "tunecore-hello", "tunecore_hello", _COMMAND_MODULE),
+        _write_project(root, "tunecore-clash", "tunecore_clash", _CLASHING_COMMAND_MODULE),
     ]
     site = root / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site),
@@ -241,3 +263,20 @@ def test_a_misspelled_hook_is_a_load_error_not_silence(plugin_site):
     (broken,) = [p for p in json.loads(listed.stdout) if p["name"] == "tunecore_misspelled"]
     assert "tunecore_on_run_started, which is not a tunecore hook" in broken["error"]
     assert "plugin 'tunecore_misspelled' failed to load and is skipped" in listed.stderr
+
+
+def test_a_plugin_adds_a_command(plugin_site):
+    env = _env(plugin_site, "tunecore_hello")
+    result = run_cli("hello", "--name", "tuner", env=env)
+    assert result.returncode == 0 and result.stdout == "hello, tuner\n", result.stderr
+    assert "greet somebody" in run_cli("--help", env=env).stdout
+    assert_one_line_exit_2(run_cli("hello", "--name", "nobody", env=env), "say hello to somebody")
+    assert_one_line_exit_2(run_cli("hello", "--bogus", env=env), "unrecognized arguments: --bogus")
+    (plugin,) = [p for p in json.loads(run_cli("plugins", env=env).stdout) if p["distribution"] == "tunecore-hello"]
+    assert plugin["hooks"] == ["tunecore_register_commands"]
+    assert run_cli("hello", env=_env(plugin_site, "tunecore_first_sketch")).returncode == 2  # not installed: no command
+
+
+def test_a_command_name_taken_twice_names_both_distributions(plugin_site):
+    result = run_cli("tasks", "--help", env=_env(plugin_site, "tunecore_clash"))
+    assert_one_line_exit_2(result, "command 'run' is registered twice: by tunecore and by tunecore-clash")

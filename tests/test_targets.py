@@ -41,7 +41,8 @@ def test_json_targets_and_cuda_without_gpu():
     assert resolve_target("cuda").kind.name == "cuda"  # code generation works without a GPU
 
 
-@pytest.mark.parametrize("spec", ["{bad", "[1, 2]", '{"kind": "nosuch"}', '{"kind": "llvm", "mcpu": "bogus"}', "llvm -mcpu=znver1"])
+@pytest.mark.parametrize("spec", ["{bad", "[1, 2]", '{"kind": "nosuch"}', '{"kind": "llvm", "mcpu": "bogus"}',
+                                  "llvm -mcpu=znver1"])
 def test_bad_targets_are_usage_errors(spec):
     with pytest.raises(UsageError):
         resolve_target(spec)

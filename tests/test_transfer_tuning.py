@@ -70,7 +70,8 @@ def test_a_task_gets_its_donors_schedule_refitted():
     donor_best = store.best(donor.task_id)[0].candidate(donor).trace
     first = records[1].candidate(task).trace
     assert _tiles(first) == [refit_tile(t, 128, "divisible") for t in _tiles(donor_best)]
-    others = [[str(d) for i, d in t.decisions.items() if i.kind.name != "SamplePerfectTile"] for t in (first, donor_best)]
+    others = [[str(d) for i, d in t.decisions.items() if i.kind.name != "SamplePerfectTile"]
+              for t in (first, donor_best)]
     assert others[0] == others[1]
 
     report = summary["tasks"][0]["search_report"]
@@ -85,7 +86,8 @@ def test_a_transfer_slower_than_the_untuned_program_is_reported_as_such():
     store = _store_with_donor(donor)
     store.put_tasks([task])
     untuned, transferred = sample_candidates(task, 2, seed=3)
-    store.commit([Record.from_result(Candidate(task, c.trace_json, origin=origin), MeasureResult(run_secs=[secs]), trial=i)
+    store.commit([Record.from_result(Candidate(task, c.trace_json, origin=origin), MeasureResult(run_secs=[secs]),
+                                     trial=i)
                   for i, (c, origin, secs) in enumerate([(untuned, "untuned", 1e-6),
                                                          (transferred, f"transfer:{donor.task_id}", 4e-6)])])
     report = _transfer(store).task_report(task)
@@ -206,7 +208,8 @@ def test_cli_transfers_from_a_store_filled_by_an_earlier_run(tmp_path):
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     (task,) = summary["tasks"]
-    assert summary["search"] == "transfer+random" and summary["trials_measured"] == 8  # the donor's 6 are not this budget
+    # the donor's 6 are not this budget
+    assert summary["search"] == "transfer+random" and summary["trials_measured"] == 8
     assert summary["errors"] == 0
     report = task["search_report"]
     assert report["donor_model"] == "op:matmul-64" and report["note"] == "transferred"
@@ -216,7 +219,8 @@ def test_cli_transfers_from_a_store_filled_by_an_earlier_run(tmp_path):
     (untuned,) = [r.latency for r in records if r.origin == "untuned"]
     transferred = [r.latency for r in records if r.origin.startswith("transfer:")]
     assert len(transferred) == report["pairs"] > 0 and all(transferred)
-    # the donor's tiled, vectorized schedules against the naive loop nest: many times faster (measured 2026-11-23, znver3, 3 donor seeds: 30-47x)
+    # the donor's tiled, vectorized schedules against the naive loop nest: many times faster
+    # (measured 2026-11-23, znver3, 3 donor seeds: 30-47x)
     assert min(transferred) < 0.5 * untuned and report["speedup_over_untuned"] > 2
     table = run_cli("run", "--model", "op:matmul-96x64x80", "--search", "transfer", "--trials", "8", "--store", store)
     assert "donor model" in table.stdout and "op:matmul-64" in table.stdout
@@ -226,7 +230,8 @@ def test_cli_transfers_from_a_store_filled_by_an_earlier_run(tmp_path):
     (["--search", "transfer", "-O", "transfer.per_donor=0"], "per_donor must be an integer >= 1, not 0"),
     (["--search", "transfer", "-O", "search.untuned=maybe"], "untuned must be true or false"),
     (["--search", "transfer", "--then", "nosuch"], "unknown search policy 'nosuch'"),
-    (["--search", "transfer", "--then", "random", "-O", "random.population=3"], "unknown option(s) for search 'random'"),
+    (["--search", "transfer", "--then", "random", "-O", "random.population=3"],
+     "unknown option(s) for search 'random'"),
 ])
 def test_bad_input_is_one_line_and_exit_2(options, fragment):
     from conftest import assert_one_line_exit_2, run_cli

@@ -18,7 +18,8 @@ def _tuner(store, target, seed=0, **kwargs):
 
 
 def _task(matmul_task, name, weight=1, flops=1e9, kernel_class="k"):
-    return dataclasses.replace(matmul_task, task_id=name, name=name, weight=weight, flops=flops, kernel_class=kernel_class)
+    return dataclasses.replace(matmul_task, task_id=name, name=name, weight=weight, flops=flops,
+                               kernel_class=kernel_class)
 
 
 def test_budget_counts_what_the_store_holds(matmul_task, target):
@@ -181,7 +182,8 @@ def test_schedulers_skip_finished_tasks(matmul_task):
     assert GradientScheduler(states).next() is None
 
 
-@pytest.mark.parametrize("budget, tasks, expected", [(64, 1, 32), (300, 22, 6), (1000, 22, 22), (20000, 22, 32), (3, 5, 4)])
+@pytest.mark.parametrize("budget, tasks, expected",
+                         [(64, 1, 32), (300, 22, 6), (1000, 22, 22), (20000, 22, 32), (3, 5, 4)])
 def test_round_size_follows_budget(budget, tasks, expected):
     assert default_round_size(budget, tasks) == expected
 

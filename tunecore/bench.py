@@ -18,9 +18,12 @@ import platform
 import re
 import sqlite3
 import time
-from typing import Any, Callable, Collection, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Collection, Sequence
 
 from tunecore.errors import UsageError
+
+if TYPE_CHECKING:
+    from tunecore.api import TuneConfig
 
 RESULTS = "results.json"
 CELLS_DIR = "cells"
@@ -70,7 +73,8 @@ def environment(target: Any) -> dict[str, Any]:
 
     cpu = ""
     if os.path.exists("/proc/cpuinfo"):
-        cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "")
+        cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+                   "")
     return {
         "cpu": cpu or platform.processor(),
         "cores": os.cpu_count(),
@@ -91,7 +95,8 @@ def load_results(out: str) -> dict[str, Any] | None:
             results = json.load(f)
     except (OSError, json.JSONDecodeError) as error:
         raise UsageError(f"{path}: not a tunecore bench result ({error})") from None
-    if not isinstance(results, dict) or results.get("format") != "tunecore-bench" or not isinstance(results.get("cells"), dict):
+    if (not isinstance(results, dict) or results.get("format") != "tunecore-bench"
+            or not isinstance(results.get("cells"), dict)):
         raise UsageError(f"{path}: not a tunecore bench result")
     return results
 
@@ -112,7 +117,7 @@ def copy_sqlite(source: str, destination: str) -> None:
 def curve(store_file: str, *, start_s: dict[str, float] | None = None, task_ids: Collection[str] | None = None,
           **run_info: Any) -> dict[str, Any]:
     """Best latency so far against trials and against tuning seconds, from a store alone, counting the
-    runs whose info has the given values (a bench cell: ``bench_cell=cell.id``; or ``model=..., search=...``).
+    runs whose info has the given values (a bench cell: ``run_key=cell.id``; or ``model=..., search=...``).
 
     For a network the latency is the estimate (sum of weight × best over its tasks), defined once
     every task has a successful record, or from the first record on if ``start_s`` gives each task's
@@ -122,10 +127,14 @@ def curve(store_file: str, *, start_s: dict[str, float] | None = None, task_ids:
     counted) to those of the model's tasks.
     """
     from tunecore.store.sqlite import SqliteStore
+    from tunecore.tuner import run_key
+
+    def matches(info: dict[str, Any]) -> bool:
+        return all((run_key(info) if k == "run_key" else info.get(k)) == v for k, v in run_info.items())
 
     store = SqliteStore(store_file)
     try:
-        runs = {r["run_id"]: r for r in store.runs() if all(r["info"].get(k) == v for k, v in run_info.items())}
+        runs = {r["run_id"]: r for r in store.runs() if matches(r["info"])}
         if not runs:
             return {"trials": [], "seconds": [], "best_s": []}
         model = next(iter(runs.values()))["info"]["model"]
@@ -158,13 +167,9 @@ def curve(store_file: str, *, start_s: dict[str, float] | None = None, task_ids:
 
 def run_matrix(
     cells: Sequence[Cell],
+    settings: TuneConfig,
     *,
-    trials: int,
     out: str,
-    target: str | None = None,
-    measurer: str = "local",
-    options: dict[str, dict[str, Any]] | None = None,
-    scheduler: str = "gradient",
     seed_store: str | None = None,
     e2e: bool = True,
     on_cell: Callable[[int, Cell, bool], None] | None = None,
@@ -172,11 +177,14 @@ def run_matrix(
 ) -> dict[str, Any]:
     """Run every cell not finished yet; returns the results (also in ``OUT/results.json``).
 
+    ``settings`` holds what every cell shares (trials, target, measurer, options, scheduler, round
+    size); each cell runs it with its own model, search, cost model, seed, store and run key.
+
     ``on_cell(index, cell, skipped)`` is called before each cell, ``on_round`` after each round.
     Anything the user got wrong is refused before the first cell; a cell whose run fails is
     recorded with its error and the matrix goes on.
     """
-    from tunecore import session
+    from tunecore import api
     from tunecore.compile import compile_and_check
     from tunecore.registry import Registry
     from tunecore.store.sqlite import SqliteStore
@@ -184,12 +192,13 @@ def run_matrix(
     from tunecore.tvmjson import target_to_json
     from tunecore.workloads import load_workload
 
+    trials = settings.trials
     if trials < 1:
         raise UsageError("--trials must be >= 1")
-    tvm_target = resolve_target(target)
+    tvm_target = resolve_target(settings.target)
     registry = Registry()
     for s, c in {(cell.search, cell.cost_model) for cell in cells}:
-        registry.check_target(tvm_target, search=s, cost_model=c, measurer=measurer)
+        registry.check_target(tvm_target, search=s, cost_model=c, measurer=settings.measurer)
     workloads = {m: load_workload(m) for m in {cell.model for cell in cells}}
     if seed_store is not None:
         seed_store = os.path.abspath(seed_store.removeprefix("sqlite:"))
@@ -197,14 +206,14 @@ def run_matrix(
             raise UsageError(f"--store {seed_store}: no such store (bench copies it into every cell)")
         SqliteStore(seed_store).close()  # refuses a file that is not a tunecore store
 
-    settings = {"target": json.loads(target_to_json(tvm_target)), "measurer": measurer, "options": options or {},
-                "scheduler": scheduler, "seed_store": seed_store}
+    shared = {"target": json.loads(target_to_json(tvm_target)), "measurer": settings.measurer,
+              "options": settings.options, "scheduler": settings.scheduler, "seed_store": seed_store}
     os.makedirs(os.path.join(out, CELLS_DIR), exist_ok=True)
     results = load_results(out)
     if results is None:
-        results = {"format": "tunecore-bench", "settings": settings, "cells": {}, "untuned": {}}
-    elif results["settings"] != settings:
-        changed = ", ".join(k for k in _SETTINGS if results["settings"].get(k) != settings[k])
+        results = {"format": "tunecore-bench", "settings": shared, "cells": {}, "untuned": {}}
+    elif results["settings"] != shared:
+        changed = ", ".join(k for k in _SETTINGS if results["settings"].get(k) != shared[k])
         raise UsageError(f"{out} holds a matrix with other settings ({changed}); use another --out")
     results["environment"] = environment(tvm_target)
     results["trials"] = trials
@@ -223,10 +232,9 @@ def run_matrix(
                                  "seed": cell.seed, "trials": trials, "store": cell.store_path, "error": None}
         started = time.time()
         try:
-            summary = session.tune(cell.model, trials=trials, target=target, search=cell.search,
-                                   cost_model=cell.cost_model, measurer=measurer, store=f"sqlite:{store_file}",
-                                   seed=cell.seed, options=options, scheduler=scheduler, on_round=on_round,
-                                   run_info={"bench_cell": cell.id})
+            config = dataclasses.replace(settings, model=cell.model, search=cell.search, cost_model=cell.cost_model,
+                                         seed=cell.seed, store=f"sqlite:{store_file}", run_key=cell.id)
+            summary = api.tune(config, on_round=on_round)
         except (UsageError, KeyboardInterrupt):
             raise
         except Exception as error:  # a broken plugin or workload fails its cell, not the matrix
@@ -238,7 +246,7 @@ def run_matrix(
             entry.update({k: summary[k] for k in ("trials_total", "errors_total", "estimated_latency_ms", "phase_s")})
             entry["tasks"] = [{k: t[k] for k in ("name", "weight", "trials", "errors", "best_latency_s")}
                               for t in summary["tasks"]]
-        entry["curve"] = curve(store_file, bench_cell=cell.id)
+        entry["curve"] = curve(store_file, run_key=cell.id)
         entry["tuning_s"] = entry["curve"]["seconds"][-1] if entry["curve"]["seconds"] else None
         workload = workloads[cell.model]
         if e2e and workload.is_network and summary is not None:

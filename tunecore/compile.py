@@ -128,7 +128,8 @@ class Runnable:
     def time(self, repeat: int, min_repeat_ms: int) -> float:
         """Median seconds per call."""
         if self.is_network:
-            evaluator = self.vm.time_evaluator("main", self.device, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms)
+            evaluator = self.vm.time_evaluator("main", self.device, number=1, repeat=repeat,
+                                               min_repeat_ms=min_repeat_ms)
         else:
             evaluator = self.module.time_evaluator(self.module.entry_name, self.device, number=1, repeat=repeat,
                                                    min_repeat_ms=min_repeat_ms)

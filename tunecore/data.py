@@ -83,7 +83,10 @@ class Candidate:
 
     @property
     def sch(self) -> Any:
-        """The schedule (tvm.s_tir.Schedule); replays the stored trace on first use (RuntimeError if it does not apply)."""
+        """The schedule (tvm.s_tir.Schedule).
+
+        Replays the stored trace on first use (RuntimeError if it does not apply).
+        """
         if self._sch is None:
             self._sch = replay_trace_json(self.task.mod, self._trace_json)
         return self._sch

@@ -10,6 +10,7 @@ then per round ``tunecore_on_measured`` and ``tunecore_on_results``, then ``tune
 
 from __future__ import annotations
 
+import argparse
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import pluggy
@@ -43,6 +44,18 @@ def tunecore_register_record_stores(register: Callable[[type[RecordStore]], None
 @hookspec
 def tunecore_register_measurers(register: Callable[[type[Measurer]], None]) -> None:
     """Register measurer classes (selected with ``--measurer``)."""
+
+
+@hookspec
+def tunecore_register_commands(register: Callable[..., argparse.ArgumentParser]) -> None:
+    """Add subcommands to ``tunecore``: ``parser = register(name, handler, help="...")`` for each.
+
+    ``parser`` is the subcommand's ``argparse.ArgumentParser``: add its arguments to it.
+    ``handler(args: argparse.Namespace) -> int`` runs the command and returns its exit code; raise
+    ``tunecore.errors.UsageError`` for a mistake of the user's (one line, exit code 2). A name that
+    another distribution registered already is refused, naming both. Called every time ``tunecore``
+    starts, so import heavy modules inside ``handler``, not at the top of the plugin module.
+    """
 
 
 @hookspec

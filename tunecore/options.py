@@ -22,7 +22,8 @@ def parse_options(pairs: list[str] | None, components: Sequence[str] = ()) -> di
         scope, dot, name = key.partition(".")
         if not (sep and dot and name and (scope in roles or scope in components)):
             raise UsageError(f"--option {pair!r}: expected ROLE.KEY=VALUE with ROLE one of search, cost_model, "
-                             f"measurer, or NAME.KEY=VALUE with NAME one of {', '.join(components) or 'the components used'}")
+                             f"measurer, or NAME.KEY=VALUE with NAME one of "
+                             f"{', '.join(components) or 'the components used'}")
         options.setdefault(roles.get(scope, scope), {})[name.replace("-", "_")] = _parse_value(raw)
     return options
 

@@ -88,11 +88,11 @@ def distribution_of(pm: pluggy.PluginManager, plugin: object) -> tuple[str, str]
             return dist.metadata["name"], dist.version
     name = pm.get_name(plugin) or repr(plugin)
     if name in DEFAULT_PLUGINS:
-        return CORE_DISTRIBUTION, _core_version()
+        return CORE_DISTRIBUTION, core_version()
     return name, ""
 
 
-def _core_version() -> str:
+def core_version() -> str:
     try:
         return importlib.metadata.version(CORE_DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:

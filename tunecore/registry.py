@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from tunecore.errors import PluginError
 from tunecore.plugins import CORE_DISTRIBUTION, PluginManager, distribution_of, get_plugin_manager
-from tunecore.roles import Component, ROLES, ROLE_LABELS
+from tunecore.roles import ROLE_LABELS, ROLES, Component
 
 if TYPE_CHECKING:
     import pluggy
@@ -87,7 +87,8 @@ class Registry:
         for role, name in chosen.items():
             reason = self.get(role, name).unsupported_reason(target)
             if reason:
-                raise PluginError(f"{ROLE_LABELS[role]} '{name}' cannot be used with target {target.kind.name}: {reason}")
+                raise PluginError(f"{ROLE_LABELS[role]} '{name}' cannot be used with target "
+                                  f"{target.kind.name}: {reason}")
 
 
 def describe_plugins(pm: PluginManager | None = None) -> list[dict[str, Any]]:

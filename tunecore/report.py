@@ -14,11 +14,9 @@ import re
 import statistics
 from typing import Any
 
+from tunecore.cli.render import ms
+
 PLOTS_DIR = "plots"
-
-
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:.4g}"
 
 
 def _pair(cell: dict[str, Any]) -> str:
@@ -38,7 +36,7 @@ def cell_rows(results: dict[str, Any]) -> list[list[str]]:
         measured = "-" if "trials_total" not in cell else f"{cell['trials_total']} ({cell['errors_total']})"
         rows.append([
             cell["model"], cell["search"], cell["cost_model"], str(cell["seed"]),
-            cell["status"] + (f": {cell['error']}" if cell.get("error") else ""), measured, _ms(_best_s(cell)),
+            cell["status"] + (f": {cell['error']}" if cell.get("error") else ""), measured, ms(_best_s(cell)),
             "-" if cell.get("tuning_s") is None else f"{cell['tuning_s']:.0f}",
             f"{e2e['latency_ms']:.4g}" if "latency_ms" in e2e else e2e.get("error", "-"),
             f"{e2e['speedup']:.2f}" if "speedup" in e2e else "-",
@@ -71,7 +69,8 @@ def median_rows(results: dict[str, Any]) -> list[list[str]]:
 def _environment_line(results: dict[str, Any]) -> str:
     env = results["environment"]
     plugins = ", ".join(sorted({f"{p['distribution']} {p['version']}" for p in env.get("plugins", [])}))
-    return (f"CPU {env['cpu']} ({env['cores']} cores); target `{json.dumps(env['target'])}`; TVM {env['versions']['apache-tvm']}, "
+    return (f"CPU {env['cpu']} ({env['cores']} cores); target `{json.dumps(env['target'])}`; "
+            f"TVM {env['versions']['apache-tvm']}, "
             f"tunecore {env['versions']['tunecore']}; plugins: {plugins or 'none'}.")
 
 

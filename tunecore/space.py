@@ -48,7 +48,8 @@ class DesignSpace:
         """Postprocessors for one worker thread (they may keep state, so threads must not share them)."""
         return [p.clone() for p in self.postprocs]
 
-    def sample(self, sketch_index: int | None = None, seed: int | None = None, postprocs: list | None = None) -> Any | None:
+    def sample(self, sketch_index: int | None = None, seed: int | None = None,
+               postprocs: list | None = None) -> Any | None:
         """A random schedule from one sketch (random sketch if None); None if it came out invalid.
 
         With ``seed`` the result depends on nothing else (safe to call from several threads, each
@@ -83,7 +84,8 @@ class DesignSpace:
             if decision_provider is None:
                 trace.apply_to_schedule(sch, remove_postproc=True)
             else:
-                trace.apply_to_schedule(sch, remove_postproc=True, decision_provider=lambda *a: decision_provider(sch, *a))
+                trace.apply_to_schedule(sch, remove_postproc=True,
+                                        decision_provider=lambda *a: decision_provider(sch, *a))
         except Exception as error:  # schedule primitives refuse some decisions: invalid
             from tunecore.errors import error_line
 

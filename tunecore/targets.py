@@ -113,7 +113,8 @@ def resolve_target(spec: str | None) -> Any:
         if device.exist:
             config.update(arch="sm_" + device.compute_version.replace(".", ""),
                           max_threads_per_block=device.max_threads_per_block,
-                          max_shared_memory_per_block=device.max_shared_memory_per_block, thread_warp_size=device.warp_size)
+                          max_shared_memory_per_block=device.max_shared_memory_per_block,
+                          thread_warp_size=device.warp_size)
         return _make_target(config, spec)
     if spec.startswith("{"):
         try:
@@ -121,7 +122,8 @@ def resolve_target(spec: str | None) -> Any:
         except json.JSONDecodeError as error:
             raise UsageError(f"--target: not valid JSON ({error})") from None
         if not isinstance(config, dict) or "kind" not in config:
-            raise UsageError('--target: a JSON target must be an object with a "kind", e.g. {"kind": "llvm", "mcpu": "znver3"}')
+            raise UsageError('--target: a JSON target must be an object with a "kind", '
+                             'e.g. {"kind": "llvm", "mcpu": "znver3"}')
         return _make_target(config, spec)
     if spec.isidentifier():
         return _make_target({"kind": spec}, spec)
@@ -130,7 +132,8 @@ def resolve_target(spec: str | None) -> Any:
             return tvm.target.Target(spec, host=host_target())
         except Exception as error:
             raise UsageError(f"--target {spec}: {str(error).splitlines()[0]}") from None
-    raise UsageError(f'--target {spec!r}: use llvm, cuda, a TVM tag such as nvidia/nvidia-a100 or a JSON dict such as \'{{"kind": "llvm", "mcpu": "haswell"}}\'')
+    raise UsageError(f'--target {spec!r}: use llvm, cuda, a TVM tag such as nvidia/nvidia-a100 or a JSON dict such as '
+                     '\'{"kind": "llvm", "mcpu": "haswell"}\'')
 
 
 def _make_target(config: dict, spec: str) -> Any:

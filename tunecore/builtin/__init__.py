@@ -30,3 +30,11 @@ def tunecore_register_measurers(register):
     from tunecore.measure.local import LocalMeasurer
 
     register(LocalMeasurer)
+
+
+@hookimpl
+def tunecore_register_commands(register):
+    from tunecore.cli import bench, compile, plugins, records, run, tasks
+
+    for command in (run, tasks, records, compile, bench, plugins):
+        command.add_commands(register)

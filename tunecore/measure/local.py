@@ -16,10 +16,10 @@ import subprocess
 import tempfile
 from typing import Any, Sequence
 
-from tunecore.errors import error_line
 from tunecore.data import Candidate, MeasureResult, Task
-from tunecore.roles import Measurer
+from tunecore.errors import error_line
 from tunecore.measure import worker
+from tunecore.roles import Measurer
 
 
 class LocalMeasurer(Measurer):
@@ -49,7 +49,8 @@ class LocalMeasurer(Measurer):
         self.target_json = target_to_json(target)
         self.build_timeout = build_timeout
         self.run_timeout = run_timeout
-        self.evaluator = dict(number=number, repeat=repeat, min_repeat_ms=min_repeat_ms, enable_cpu_cache_flush=cpu_cache_flush)
+        self.evaluator = dict(number=number, repeat=repeat, min_repeat_ms=min_repeat_ms,
+                              enable_cpu_cache_flush=cpu_cache_flush)
         self.screen = screen
         self.best: dict[str, float] = {}  # task id -> best latency this measurer has seen
         self.artifact_dir = tempfile.mkdtemp(prefix="tunecore-build-")

@@ -16,8 +16,7 @@ _last_args: tuple[str, Any] | None = None  # runner: the arguments of the last t
 
 
 def init_worker(target_json: str) -> None:
-    from tunecore.targets import load_tensor_intrinsics
-    from tunecore.targets import use_target_threads
+    from tunecore.targets import load_tensor_intrinsics, use_target_threads
     from tunecore.tvmjson import target_from_json
 
     target = target_from_json(target_json)
@@ -56,7 +55,8 @@ def build(mod_json: str, target_json: str, artifact_dir: str) -> tuple[str, floa
     return path, time.perf_counter() - start
 
 
-def run(path: str, target_json: str, args_info: list, evaluator: dict[str, Any], screen_above: float | None) -> list[float]:
+def run(path: str, target_json: str, args_info: list, evaluator: dict[str, Any],
+        screen_above: float | None) -> list[float]:
     """Time a built library on random inputs; returns seconds per repeat.
 
     The first (cold) call is timed on its own: if it is slower than ``screen_above`` seconds the

@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence
 
-from tunecore.errors import UsageError
 from tunecore.data import Record, Task
+from tunecore.errors import UsageError
 from tunecore.roles import RecordStore
 
 FAILED_RUN_SECS = 1e10
@@ -61,7 +61,8 @@ def import_metaschedule(store: RecordStore, directory: str, target: Any | None =
         db = ms.database.JSONDatabase(path_workload=paths[0], path_tuning_record=paths[1], allow_missing=False)
         ms_records = db.get_all_tuning_records()
     except Exception as error:
-        raise UsageError(f"{directory}: MetaSchedule cannot read this database ({str(error).splitlines()[0][:200]})") from None
+        raise UsageError(f"{directory}: MetaSchedule cannot read this database "
+                         f"({str(error).splitlines()[0][:200]})") from None
     model = f"metaschedule:{os.path.abspath(directory)}"
     tasks: dict[str, Task] = {}
     records: list[Record] = []

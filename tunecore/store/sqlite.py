@@ -11,8 +11,8 @@ import sqlite3
 import time
 from typing import Any, Sequence
 
-from tunecore.errors import UsageError
 from tunecore.data import Record, Task
+from tunecore.errors import UsageError
 from tunecore.roles import RecordStore
 
 FORMAT = "tunecore-store"
@@ -91,7 +91,8 @@ class SqliteStore(RecordStore):
                 for statement in _SCHEMA.split(";"):  # executescript would commit half-way
                     if statement.strip():
                         self.db.execute(statement)
-                self.db.execute("INSERT OR IGNORE INTO meta VALUES ('format', ?), ('schema', ?)", (FORMAT, str(SCHEMA_VERSION)))
+                self.db.execute("INSERT OR IGNORE INTO meta VALUES ('format', ?), ('schema', ?)",
+                                (FORMAT, str(SCHEMA_VERSION)))
         except sqlite3.DatabaseError as error:
             raise UsageError(f"--store {location}: not a tunecore store ({error})") from None
 
@@ -104,7 +105,8 @@ class SqliteStore(RecordStore):
             raise UsageError(f"--store {self.location}: not a tunecore store (an SQLite file of another program?)")
         version = int(self.db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0])
         if version > SCHEMA_VERSION:
-            raise UsageError(f"--store {self.location}: written by a newer tunecore (schema {version}); upgrade tunecore")
+            raise UsageError(f"--store {self.location}: written by a newer tunecore (schema {version}); "
+                             "upgrade tunecore")
 
     def close(self) -> None:
         self.db.close()
@@ -162,8 +164,8 @@ class SqliteStore(RecordStore):
         with self.db:
             self.db.execute("BEGIN")
             self.db.executemany(
-                "INSERT OR IGNORE INTO records (task_id, key, trace_json, latency, run_secs, error, build_secs, profile,"
-                " origin, trial, measured_at, run_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT OR IGNORE INTO records (task_id, key, trace_json, latency, run_secs, error, build_secs,"
+                " profile, origin, trial, measured_at, run_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (r.task_id, r.key, r.trace_json, r.latency, None if r.run_secs is None else json.dumps(r.run_secs),
                      r.error, r.build_secs, json.dumps(r.profile), r.origin, r.trial, r.measured_at, r.run_id)
@@ -195,13 +197,15 @@ class SqliteStore(RecordStore):
     # runs
     def start_run(self, info: dict[str, Any]) -> int:
         with self.db:
-            cursor = self.db.execute("INSERT INTO runs (started_at, info) VALUES (?, ?)", (time.time(), json.dumps(info)))
+            cursor = self.db.execute("INSERT INTO runs (started_at, info) VALUES (?, ?)",
+                                     (time.time(), json.dumps(info)))
         return int(cursor.lastrowid)
 
     def finish_run(self, run_id: int, summary: dict[str, Any]) -> None:
         with self.db:
             self.db.execute(
-                "UPDATE runs SET finished_at = ?, summary = ? WHERE run_id = ?", (time.time(), json.dumps(summary), run_id)
+                "UPDATE runs SET finished_at = ?, summary = ? WHERE run_id = ?",
+                (time.time(), json.dumps(summary), run_id)
             )
 
     def runs(self) -> list[dict[str, Any]]:

@@ -190,7 +190,8 @@ class CostModelConformance(_Suite):
             assert not f.read(2).startswith(b"\x80"), "saved with pickle; use JSON or weights_only torch state"
         loaded = self.make_model(component_name)
         loaded.load(path)
-        np.testing.assert_allclose(loaded.predict(task, candidates), model.predict(task, candidates), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(loaded.predict(task, candidates), model.predict(task, candidates), rtol=1e-5,
+                                   atol=1e-6)
 
 
 def rank_correlation(a: Any, b: Any) -> float:
@@ -230,7 +231,8 @@ class RecordStoreConformance(_Suite):
         store.put_tasks([task.for_model("model-a", 3), task.for_model("model-b", 1)])
         store.put_tasks([task.for_model("model-a", 3)])  # idempotent
         (got,) = store.get_tasks(model="model-a")
-        assert (got.task_id, got.name, got.kernel_class, got.weight, got.model) == (task.task_id, task.name, task.kernel_class, 3, "model-a")
+        assert (got.task_id, got.name, got.kernel_class, got.weight, got.model) == (task.task_id, task.name,
+                                                                                    task.kernel_class, 3, "model-a")
         assert got.flops == task.flops and got.args == task.args and got.target_json == task.target_json
         assert store.get_tasks(model="model-b")[0].weight == 1
         assert store.get_tasks(model="nothing") == []
@@ -314,7 +316,8 @@ class MeasurerConformance(_Suite):
 
     def test_failures_are_results(self, measurer: Any, task: Task) -> None:
         good = sample_candidates(task, 2)
-        broken = Candidate(task, json.dumps([[["GetSBlock", [], ["no_such_block", "main"], ["b0"]]], []]), "broken", "test")
+        broken = Candidate(task, json.dumps([[["GetSBlock", [], ["no_such_block", "main"], ["b0"]]], []]),
+                           "broken", "test")
         results = measurer.measure(task, [good[0], broken, good[1]])
         assert len(results) == 3
         assert results[0].error is None and results[2].error is None
@@ -345,13 +348,14 @@ class MeasurerConformance(_Suite):
         rng = np.random.default_rng(0)
         args = [tvm.runtime.tensor(rng.uniform(size=[int(d) for d in shape]).astype(dtype), device)
                 for _, dtype, shape in program.task.args]
-        reference = float(np.median(library.time_evaluator(library.entry_name, device, repeat=5, min_repeat_ms=50)(*args).results))
+        reference = float(np.median(library.time_evaluator(library.entry_name, device, repeat=5,
+                                                           min_repeat_ms=50)(*args).results))
         assert 0.67 < result.latency / reference < 1.5, (result.latency, reference)
 
 
 def _unscheduled(op: str, target: Any) -> Candidate:
-    from tunecore.tvmjson import new_schedule
     from tunecore.testing.helpers import tiny_task
+    from tunecore.tvmjson import new_schedule
 
     task = tiny_task(op, target)
     return Candidate.from_schedule(task, new_schedule(task.mod), origin="unscheduled")

@@ -85,7 +85,8 @@ class InstantMeasurer(Measurer):
         return results
 
 
-def remeasure_together(task: Task, programs: dict[str, Sequence[Candidate]], passes: int = 8, seed: int = 0) -> dict[str, list[float]]:
+def remeasure_together(task: Task, programs: dict[str, Sequence[Candidate]], passes: int = 8,
+                       seed: int = 0) -> dict[str, list[float]]:
     """Latencies (seconds, per program, fastest first) of several groups of programs measured together.
 
     For comparing what different searches found: a machine's speed drifts (by 20% and more over

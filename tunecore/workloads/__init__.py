@@ -13,8 +13,8 @@ import os
 import re
 from typing import Any
 
-from tunecore.errors import UsageError
 from tunecore.data import Task
+from tunecore.errors import UsageError
 
 
 @dataclasses.dataclass
@@ -56,7 +56,8 @@ def _load_relax_json(path: str) -> Any:
         with open(path) as f:
             mod = tvm.ir.load_json(f.read())
     except Exception as error:
-        raise UsageError(f"--model {path}: not a Relax IRModule saved by tvm.ir.save_json ({str(error).splitlines()[0][:200]})") from None
+        raise UsageError(f"--model {path}: not a Relax IRModule saved by tvm.ir.save_json "
+                         f"({str(error).splitlines()[0][:200]})") from None
     if not isinstance(mod, tvm.IRModule) or not any(isinstance(f, relax.Function) for f in mod.functions.values()):
         raise UsageError(f"--model {path}: the JSON holds no Relax function")
     return mod
@@ -91,14 +92,16 @@ def extract_tasks(workload: Workload, target: Any) -> list[Task]:
     load_tensor_intrinsics(target)
     if not workload.is_network:
         name = workload.name.split(":", 1)[1]
-        return [make_task(workload.mod, target, name=name, kernel_class=kernel_class_of(workload.mod), model=workload.name)]
+        return [make_task(workload.mod, target, name=name, kernel_class=kernel_class_of(workload.mod),
+                          model=workload.name)]
     from tvm.s_tir import meta_schedule as ms
 
     try:
         fused = fuse(workload.mod, target)
         extracted = ms.relax_integration.extract_tasks(fused, target)
     except Exception as error:  # TVM cannot lower this model: the user's model, the user's problem
-        raise UsageError(f"--model {workload.name}: TVM cannot legalize/fuse it: {str(error).splitlines()[0][:300]}") from None
+        raise UsageError(f"--model {workload.name}: TVM cannot legalize/fuse it: "
+                         f"{str(error).splitlines()[0][:300]}") from None
     tasks = [
         make_task(t.dispatched[0], target, name=t.task_name, kernel_class=kernel_class_of(t.dispatched[0], t.task_name),
                   model=workload.name, weight=int(t.weight))

@@ -23,8 +23,17 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tunecore.interfaces import (Candidate, MeasureResult, SearchPolicy, Task, TaskContext, check_options, distinct, is_int,
-                                 is_number)
+from tunecore.interfaces import (
+    Candidate,
+    MeasureResult,
+    SearchPolicy,
+    Task,
+    TaskContext,
+    check_options,
+    distinct,
+    is_int,
+    is_number,
+)
 
 _KEEP_BEST = 64  # measured programs remembered per task as seeds of the initial population
 _PRIOR_MEASURE_S = 0.25  # measuring time per candidate assumed before the first round was measured

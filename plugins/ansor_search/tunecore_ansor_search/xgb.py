@@ -48,8 +48,8 @@ class XGBModel(CostModel):
         self.objective = objective
         self.rounds, self.min_data = rounds, min_data
         self.threads = threads or physical_cores()
-        self.params = {"max_depth": max_depth, "eta": eta, "min_child_weight": 0, "gamma": 1e-3, "nthread": self.threads,
-                       "seed": self.seed, "verbosity": 0}
+        self.params = {"max_depth": max_depth, "eta": eta, "min_child_weight": 0, "gamma": 1e-3,
+                       "nthread": self.threads, "seed": self.seed, "verbosity": 0}
         self.booster: Any = None
         self.cache: collections.OrderedDict[str, np.ndarray | None] = collections.OrderedDict()
         self.cache_size = cache_size

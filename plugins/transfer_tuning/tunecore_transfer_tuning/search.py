@@ -97,7 +97,8 @@ class TransferSearch(SearchPolicy):
             # the same kernel, tuned by a search in an earlier run (models share kernels: resnet-18's stem
             # conv is resnet-50's); no donor schedule is closer than its own, so no pair is worth a trial
             return
-        donors = sorted(self._same_class(task), key=lambda d: (d.target_json != task.target_json, shape_distance(task, d)))
+        donors = sorted(self._same_class(task),
+                        key=lambda d: (d.target_json != task.target_json, shape_distance(task, d)))
         donors = donors[: self.max_donors]
         self._teach(donors)
         untuned = None
@@ -195,7 +196,8 @@ class TransferSearch(SearchPolicy):
 
     def _same_class(self, task: Task) -> list[Task]:
         """Every other stored task of the task's kernel class and target kind: its possible donors."""
-        return [d for d in self.store.tasks_by_kernel_class(task.kernel_class, task.target_kind) if d.task_id != task.task_id]
+        return [d for d in self.store.tasks_by_kernel_class(task.kernel_class, task.target_kind)
+                if d.task_id != task.task_id]
 
     def _note(self, task: Task, state: _TaskState | None, records: list, transferred: list, best: Any,
               untuned: float | None) -> str:
@@ -220,7 +222,8 @@ class TransferSearch(SearchPolicy):
 
 def _searched(records: list) -> list:
     """The successful records a search policy measured (not transfer's pairs, not untuned programs)."""
-    return [r for r in records if r.latency is not None and r.origin != "untuned" and not r.origin.startswith("transfer:")]
+    return [r for r in records
+            if r.latency is not None and r.origin != "untuned" and not r.origin.startswith("transfer:")]
 
 
 def _refitter(fit: str) -> Any:

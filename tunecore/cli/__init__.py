@@ -1,0 +1,62 @@
+"""The ``tunecore`` command: one module per subcommand, each registered through the hook
+``tunecore_register_commands`` -- the core's by ``tunecore.builtin``, a plugin's by the plugin.
+
+Every user mistake ends as one line on stderr and exit code 2; an interrupted run exits 130 with
+everything it measured already in the store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable, Sequence
+
+from tunecore.errors import PluginError, UsageError
+
+Handler = Callable[[argparse.Namespace], int]  # runs a command; returns its exit code
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, not usage + error
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def build_parser(pm: object | None = None) -> argparse.ArgumentParser:
+    """The parser with every registered command. Like the registry, it calls each plugin's hook on its
+    own, so that a command name registered twice is an error naming both distributions."""
+    from tunecore.plugins import core_version, distribution_of, get_plugin_manager
+
+    pm = pm or get_plugin_manager()
+    parser = Parser(prog="tunecore", description="Tensor-program auto-tuning on Apache TVM, with pluggable parts.")
+    parser.add_argument("--version", action="version", version=f"tunecore {core_version()}")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser, metavar="COMMAND")
+    owners: dict[str, str] = {}
+
+    def registrar(distribution: str) -> Callable[..., argparse.ArgumentParser]:
+        def register(name: str, handler: Handler, help: str) -> argparse.ArgumentParser:
+            if name in owners:
+                raise PluginError(f"command '{name}' is registered twice: by {owners[name]} and by {distribution}; "
+                                  "uninstall one of them")
+            owners[name] = distribution
+            command = commands.add_parser(name, help=help, description=help)
+            command.set_defaults(handler=handler)
+            return command
+
+        return register
+
+    for impl in pm.hook.tunecore_register_commands.get_hookimpls():  # type: ignore[attr-defined]
+        impl.function(register=registrar(distribution_of(pm, impl.plugin)[0]))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return args.handler(args)
+    except UsageError as error:
+        print(f"tunecore: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("tunecore: interrupted; every committed round is in the store, run the same command to resume",
+              file=sys.stderr)
+        return 130

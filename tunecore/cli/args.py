@@ -1,0 +1,32 @@
+"""Arguments several commands share, so that they are spelled and explained the same way everywhere."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_common(p: argparse.ArgumentParser, *, model: bool = True, target: bool = True, store: bool = True,
+               json_flag: bool = True) -> None:
+    if model:
+        p.add_argument("--model", "-m", required=True,
+                       help="zoo:<name> | op:<name> | path to .onnx | path to a Relax module .json")
+    if target:
+        p.add_argument("--target", "-t", default="llvm",
+                       help="llvm (this CPU, real mcpu) | cuda | a TVM JSON target dict (default: llvm)")
+    if store:
+        p.add_argument("--store", "-s", default=None,
+                       help="record store: a file path (sqlite) or NAME:LOCATION, e.g. memory: (default: tunecore.db)")
+    if json_flag:
+        p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+
+
+def add_tuning(p: argparse.ArgumentParser) -> None:
+    """How candidates are measured and trials spread over tasks (``run`` and ``bench``)."""
+    from tunecore.tuner import SCHEDULERS
+
+    p.add_argument("--measurer", default="local", help="measurer (see `tunecore plugins`)")
+    p.add_argument("--scheduler", choices=sorted(SCHEDULERS), default="gradient",
+                   help="how trials are spread over a network's tasks (default: gradient, as in Ansor)")
+    p.add_argument("--option", "-O", action="append", metavar="ROLE.KEY=VALUE",
+                   help="component option: ROLE.KEY=VALUE for whichever component fills the role, or NAME.KEY=VALUE "
+                        "for the component NAME only, e.g. -O measurer.repeat=5 -O ansor.population=128")

@@ -1,0 +1,47 @@
+"""``tunecore compile``: build a workload with its best records, check its outputs, time it against untuned."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from tunecore.cli import render
+from tunecore.cli.args import add_common
+
+
+def add_commands(register: Any) -> None:
+    command = register("compile", cmd_compile, help="build a workload with its best records; check and time it")
+    add_common(command)
+    command.add_argument("--output", "-o", default=None, help="write the tuned library here (.so)")
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    from tunecore import api
+    from tunecore.compile import compile_and_check
+    from tunecore.targets import resolve_target
+    from tunecore.workloads import load_workload
+
+    target = resolve_target(args.target)
+    store = api.open_store(args.store, create=False)
+    try:
+        workload = load_workload(args.model)
+        with render.console(stderr=True).status(f"compiling {args.model} tuned and untuned, checking and timing both"):
+            report = compile_and_check(workload, target, store, output=args.output)
+    finally:
+        store.close()
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        render.console().print(
+            f"{report['model']}: tuned {report['latency_ms']:.4g} ms, untuned {report['untuned_latency_ms']:.4g} ms "
+            f"({report['speedup']:.2f}x); {report['tasks_tuned']}/{report['tasks_total']} tasks had records; "
+            f"outputs {'match' if report['outputs_match'] else 'DIFFER'} "
+            f"(max relative error {report['max_relative_error']:.2g})"
+            + (f"; library written to {report['output']}" if report["output"] else "")
+        )
+    if not report["outputs_match"]:
+        print("tunecore: error: the tuned build's outputs differ from the untuned build's", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,115 @@
+"""``tunecore records list|best|export|import``: inspect stored records; MetaSchedule JSON databases both ways."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from tunecore.cli import Parser, render
+from tunecore.cli.args import add_common
+from tunecore.errors import UsageError
+
+
+def add_commands(register: Any) -> None:
+    records = register("records", cmd_records, help="inspect, export and import stored records")
+    sub = records.add_subparsers(dest="records_command", required=True, parser_class=Parser)
+    listing = sub.add_parser("list", help="per task: trials, errors, best latency")
+    add_common(listing, model=False, target=False)
+    listing.add_argument("--model", "-m", default=None, help="only tasks of this workload (as given to `run`)")
+    best = sub.add_parser("best", help="the best record of each task, with its schedule")
+    add_common(best, model=False, target=False)
+    best.add_argument("--model", "-m", default=None)
+    export = sub.add_parser("export", help="write records in another tool's format")
+    add_common(export, model=False, target=False, json_flag=False)
+    export.add_argument("--format", choices=["metaschedule"], default="metaschedule")
+    export.add_argument("--model", "-m", default=None, help="only tasks of this workload")
+    export.add_argument("directory")
+    imported = sub.add_parser("import", help="read records written by another tool")
+    add_common(imported, model=False, json_flag=False)
+    imported.set_defaults(target=None)
+    imported.add_argument("--format", choices=["metaschedule"], default="metaschedule")
+    imported.add_argument("directory")
+
+
+def cmd_records(args: argparse.Namespace) -> int:
+    from tunecore import api
+
+    store = api.open_store(args.store, create=args.records_command == "import")
+    try:
+        return _RECORD_COMMANDS[args.records_command](args, store)
+    finally:
+        store.close()
+
+
+def _task_rows(store: Any, model: str | None) -> list[dict[str, Any]]:
+    tasks = store.get_tasks(model=model)
+    if model is not None and not tasks:
+        models = sorted({t.model for t in store.get_tasks() if t.model})
+        raise UsageError(f"the store has no tasks of model {model!r}; models in it: {', '.join(models) or 'none'}")
+    counts = store.counts([t.task_id for t in tasks])
+    rows = []
+    for t in tasks:
+        best = store.best(t.task_id)
+        records = store.records(t.task_id) if counts[t.task_id] else []
+        rows.append({
+            "name": t.name, "model": t.model, "task_id": t.task_id, "kernel_class": t.kernel_class, "weight": t.weight,
+            "flops": t.flops, "trials": counts[t.task_id], "errors": sum(r.error is not None for r in records),
+            "best_latency_s": best[0].latency if best else None, "best": best[0] if best else None,
+        })
+    return rows
+
+
+def _records_list(args: argparse.Namespace, store: Any) -> int:
+    rows = _task_rows(store, args.model)
+    if args.json:
+        print(json.dumps([{k: v for k, v in r.items() if k != "best"} for r in rows], indent=2))
+        return 0
+    from rich.table import Table
+
+    table = Table(title=f"{len(rows)} tasks in the store")
+    for column in ("task", "model", "kernel class", "trials", "errors", "best ms"):
+        table.add_column(column, overflow="fold")
+    for r in rows:
+        table.add_row(r["name"], r["model"], r["kernel_class"], str(r["trials"]), str(r["errors"]),
+                      render.ms(r["best_latency_s"]))
+    render.console().print(table)
+    return 0
+
+
+def _records_best(args: argparse.Namespace, store: Any) -> int:
+    rows = [r for r in _task_rows(store, args.model) if r["best"] is not None]
+    if args.json:
+        out = [{"name": r["name"], "model": r["model"], "task_id": r["task_id"], "latency_s": r["best"].latency,
+                "run_secs": r["best"].run_secs, "trial": r["best"].trial, "origin": r["best"].origin,
+                "measured_at": r["best"].measured_at, "trace": json.loads(r["best"].trace_json)} for r in rows]
+        print(json.dumps(out, indent=2))
+        return 0
+    console = render.console()
+    for r in rows:
+        task = store.get_tasks(task_ids=[r["task_id"]])[0]
+        console.rule(f"{r['name']}  ({r['model']})  best {render.ms(r['best'].latency)} ms at trial {r['best'].trial}")
+        console.print(str(r["best"].candidate(task).trace), markup=False, highlight=False)
+    return 0
+
+
+def _records_export(args: argparse.Namespace, store: Any) -> int:
+    from tunecore.store.metaschedule import export_metaschedule
+
+    tasks = store.get_tasks(model=args.model)
+    written = export_metaschedule(store, args.directory, tasks)
+    print(f"wrote {written} records of {len(tasks)} tasks to {args.directory} (MetaSchedule JSONDatabase)")
+    return 0
+
+
+def _records_import(args: argparse.Namespace, store: Any) -> int:
+    from tunecore.store.metaschedule import import_metaschedule
+    from tunecore.targets import resolve_target
+
+    target = resolve_target(args.target) if args.target else None
+    n_tasks, n_records = import_metaschedule(store, args.directory, target)
+    print(f"imported {n_records} records of {n_tasks} tasks from {args.directory}")
+    return 0
+
+
+_RECORD_COMMANDS = {"list": _records_list, "best": _records_best, "export": _records_export, "import": _records_import}

@@ -1,0 +1,51 @@
+"""What every command prints with: the console, progress bars and number formats."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+
+def console(stderr: bool = False) -> Any:
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    # rich assumes 80 columns when writing to a file or pipe; task names need more to stay readable
+    width = None if stream.isatty() or os.environ.get("COLUMNS") else 120
+    return Console(stderr=stderr, width=width)
+
+
+def progress(*columns: Any, after: tuple = (), transient: bool = False) -> Any:
+    """A progress display on stderr: description, bar, done/total, ``columns``, elapsed time, ``after``."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), *columns,
+                    TimeElapsedColumn(), *after, console=console(stderr=True), transient=transient)
+
+
+def stop(display: Any) -> None:
+    """Stop a progress display; one that never started would print an empty line before a usage error."""
+    if display.live.is_started:
+        display.stop()
+
+
+def ms(seconds: float | None) -> str:
+    """Seconds as milliseconds with 4 significant digits; "-" for none."""
+    return "-" if seconds is None else f"{seconds * 1e3:.4g}"
+
+
+def best(seconds: float | None) -> str:
+    """A best-so-far latency for a progress line."""
+    return "-" if seconds is None else f"{ms(seconds)} ms"
+
+
+def cell(value: Any) -> str:
+    """A JSON value as a table cell."""
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    if isinstance(value, dict):
+        return ", ".join(f"{v} {k}" for k, v in value.items()) or "-"
+    return str(value)
