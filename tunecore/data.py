@@ -159,6 +159,7 @@ class Record:
     trial: int = 0  # index of this measurement within the run's budget, counting resumed runs on
     measured_at: float = dataclasses.field(default_factory=time.time)  # unix time
     run_id: int | None = None
+    device_id: str | None = None  # the device it was measured on (RecordStore.devices); None: unknown
 
     @property
     def latency(self) -> float | None:

@@ -152,7 +152,11 @@ class RecordStore(Component):
 
     @abc.abstractmethod
     def start_run(self, info: dict[str, Any]) -> int:
-        """Record that a run started (its settings); returns the run id stamped on its records."""
+        """Record that a run started (its settings); returns the run id stamped on its records.
+
+        ``info["device"]``, when present, is the measurer's ``device()``: the store keeps it once per
+        device and stamps its id (``tunecore.targets.device_id``) on the run and on the run's records.
+        """
 
     @abc.abstractmethod
     def finish_run(self, run_id: int, summary: dict[str, Any]) -> None:
@@ -160,7 +164,11 @@ class RecordStore(Component):
 
     @abc.abstractmethod
     def runs(self) -> list[dict[str, Any]]:
-        """Every run: id, started_at, finished_at, info, summary."""
+        """Every run: id, started_at, finished_at, info, summary, device_id."""
+
+    def devices(self) -> dict[str, dict[str, Any]]:
+        """Every device a run measured on: device id -> description. A store that keeps none returns {}."""
+        return {}
 
 
 class Measurer(Component):
@@ -177,6 +185,14 @@ class Measurer(Component):
     @abc.abstractmethod
     def measure(self, task: Task, candidates: Sequence[Candidate]) -> list[MeasureResult]:
         """One result per candidate, in the same order."""
+
+    def device(self) -> dict[str, Any]:
+        """The device this measurer measures on (``tunecore.targets.device_descriptor``): stored with every
+        run and record. Two machines, or two targets that differ in ``mcpu`` or ``num-cores``, are two devices.
+        The default describes this machine; a measurer timing elsewhere (RPC) must describe the remote device."""
+        from tunecore.targets import device_descriptor
+
+        return device_descriptor(self.target)
 
 
 ROLES: dict[str, type[Component]] = {

@@ -176,39 +176,79 @@ def _cache_sizes() -> dict[str, int]:
 
 
 def device_descriptor(target: Any) -> dict[str, Any]:
-    """Numbers that describe the device a target runs on, for cost models that generalise across devices.
+    """The device a target runs on when it is measured on this machine, for records and for cost models
+    that generalise across devices.
 
-    CPU: cores, vector width in bits, cache sizes, clock. CUDA: SMs, clock, memory, when a GPU is here.
+    CPU: model string, vendor, mcpu (the ISA level LLVM compiles for), vector width in bits, cores
+    used, cache sizes, clock. CUDA: GPU name, SMs, clock, memory, L2, when a GPU is here.
     """
     import tvm
 
     kind = target.kind.name
     desc: dict[str, Any] = {"kind": kind}
     if kind == "llvm":
-        flags = _cpu_flags() if target.attrs.get("mcpu", "") in ("", host_mcpu()) else set()
         from tvm.target import codegen
 
         features = codegen.llvm_get_cpu_features(target)
+        cpuinfo = _cpuinfo()
+        desc["cpu"] = cpuinfo.get("model name", "")
+        desc["vendor"] = cpuinfo.get("vendor_id", "")
+        # the model string can be generic on a VM ("AMD EPYC" for Zen 1 and Zen 3 alike); family/model are not
+        desc["family_model"] = f"{cpuinfo.get('cpu family', '')}/{cpuinfo.get('model', '')}"
         desc["mcpu"] = str(target.attrs.get("mcpu", ""))
         desc["cores"] = int(target.attrs.get("num-cores", physical_cores()))
         desc["vector_bits"] = 512 if "avx512f" in features else 256 if "avx2" in features or "avx" in features else 128
         desc["fma"] = "fma" in features
-        if flags:  # the target is this host: real cache sizes and clock
-            desc.update(_cache_sizes())
-            mhz = _cpuinfo().get("cpu MHz")
-            if mhz:
-                desc["clock_mhz"] = float(mhz)
+        desc.update(_cache_sizes())
+        clock = _max_clock_mhz() or cpuinfo.get("cpu MHz")
+        if clock:
+            desc["clock_mhz"] = float(clock)
     elif kind == "cuda":
         desc["arch"] = str(target.attrs.get("arch", ""))
         dev = tvm.cuda()
         if dev.exist:
             desc.update(
+                gpu=dev.device_name,
                 sm_count=dev.multi_processor_count,
                 clock_mhz=dev.max_clock_rate / 1000,
+                memory_bytes=dev.total_global_memory,
                 max_shared_memory_per_block=dev.max_shared_memory_per_block,
                 warp_size=dev.warp_size,
+                l2_bytes=_cuda_l2_bytes(),
             )
     return desc
+
+
+def device_id(description: dict[str, Any]) -> str:
+    """A short stable id of a device description. The clock is left out: Linux reports the current
+    frequency where it cannot read the maximum, and a frequency change is not another device."""
+    import hashlib
+
+    identity = {k: v for k, v in description.items() if k != "clock_mhz"}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _max_clock_mhz() -> float | None:
+    try:
+        with open("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq") as f:
+            return int(f.read().strip()) / 1000
+    except (OSError, ValueError):
+        return None
+
+
+def _cuda_l2_bytes() -> int | None:
+    """L2 size of GPU 0 from the CUDA runtime, if it can be loaded (TVM's device API does not report it)."""
+    import ctypes
+
+    try:
+        cudart = ctypes.CDLL("libcudart.so")
+    except OSError:
+        return None
+    value = ctypes.c_int()
+    cuda_dev_attr_l2_cache_size = 38
+    if cudart.cudaDeviceGetAttribute(ctypes.byref(value), cuda_dev_attr_l2_cache_size, 0) != 0:
+        return None
+    return value.value
 
 
 # The tensor-intrinsic modules a target's schedule rules may refer to. Importing the whole

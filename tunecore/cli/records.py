@@ -63,6 +63,13 @@ def _task_rows(store: Any, model: str | None) -> list[dict[str, Any]]:
 def _records_list(args: argparse.Namespace, store: Any) -> int:
     rows = _task_rows(store, args.model)
     if args.json:
+        devices = store.devices()
+        for row in rows:
+            row["records"] = [
+                {"trial": r.trial, "latency_s": r.latency, "error": r.error, "origin": r.origin, "run_id": r.run_id,
+                 "measured_at": r.measured_at, "device_id": r.device_id, "device": devices.get(r.device_id)}
+                for r in store.records(row["task_id"])
+            ]
         print(json.dumps([{k: v for k, v in r.items() if k != "best"} for r in rows], indent=2))
         return 0
     from rich.table import Table

@@ -16,7 +16,7 @@ from tunecore.errors import UsageError
 from tunecore.roles import RecordStore
 
 FORMAT = "tunecore-store"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: devices; runs and records name the device they measured on
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -41,12 +41,14 @@ CREATE TABLE IF NOT EXISTS task_models (
     PRIMARY KEY (model, task_id)
 );
 CREATE INDEX IF NOT EXISTS task_models_by_task ON task_models (task_id);
+CREATE TABLE IF NOT EXISTS devices (device_id TEXT PRIMARY KEY, description TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS runs (
     run_id INTEGER PRIMARY KEY AUTOINCREMENT,
     started_at REAL NOT NULL,
     finished_at REAL,
     info TEXT NOT NULL,
-    summary TEXT
+    summary TEXT,
+    device_id TEXT REFERENCES devices (device_id)
 );
 CREATE TABLE IF NOT EXISTS records (
     record_id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -62,6 +64,7 @@ CREATE TABLE IF NOT EXISTS records (
     trial INTEGER NOT NULL,
     measured_at REAL NOT NULL,
     run_id INTEGER,
+    device_id TEXT REFERENCES devices (device_id),
     UNIQUE (task_id, key)
 );
 CREATE INDEX IF NOT EXISTS records_by_latency ON records (task_id, latency);
@@ -88,6 +91,8 @@ class SqliteStore(RecordStore):
                 self.db.execute("PRAGMA synchronous=FULL")
             with self.db:
                 self.db.execute("BEGIN")
+                if not is_new:
+                    self._upgrade()
                 for statement in _SCHEMA.split(";"):  # executescript would commit half-way
                     if statement.strip():
                         self.db.execute(statement)
@@ -107,6 +112,14 @@ class SqliteStore(RecordStore):
         if version > SCHEMA_VERSION:
             raise UsageError(f"--store {self.location}: written by a newer tunecore (schema {version}); "
                              "upgrade tunecore")
+
+    def _upgrade(self) -> None:
+        """Bring a store written by an older tunecore to this schema, in place (inside the open transaction)."""
+        version = int(self.db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0])
+        if version < 2:  # records measured before devices were recorded keep device_id NULL: unknown
+            self.db.execute("ALTER TABLE runs ADD COLUMN device_id TEXT REFERENCES devices (device_id)")
+            self.db.execute("ALTER TABLE records ADD COLUMN device_id TEXT REFERENCES devices (device_id)")
+        self.db.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (str(SCHEMA_VERSION),))
 
     def close(self) -> None:
         self.db.close()
@@ -165,10 +178,12 @@ class SqliteStore(RecordStore):
             self.db.execute("BEGIN")
             self.db.executemany(
                 "INSERT OR IGNORE INTO records (task_id, key, trace_json, latency, run_secs, error, build_secs,"
-                " profile, origin, trial, measured_at, run_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " profile, origin, trial, measured_at, run_id, device_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
+                " COALESCE(?, (SELECT device_id FROM runs WHERE run_id = ?)))",
                 [
                     (r.task_id, r.key, r.trace_json, r.latency, None if r.run_secs is None else json.dumps(r.run_secs),
-                     r.error, r.build_secs, json.dumps(r.profile), r.origin, r.trial, r.measured_at, r.run_id)
+                     r.error, r.build_secs, json.dumps(r.profile), r.origin, r.trial, r.measured_at, r.run_id,
+                     r.device_id, r.run_id)
                     for r in records
                 ],
             )
@@ -196,9 +211,17 @@ class SqliteStore(RecordStore):
 
     # runs
     def start_run(self, info: dict[str, Any]) -> int:
+        from tunecore.targets import device_id
+
+        info = dict(info)
+        device = info.pop("device", None)
+        identity = None if device is None else device_id(device)
         with self.db:
-            cursor = self.db.execute("INSERT INTO runs (started_at, info) VALUES (?, ?)",
-                                     (time.time(), json.dumps(info)))
+            self.db.execute("BEGIN")
+            if device is not None:
+                self.db.execute("INSERT OR IGNORE INTO devices VALUES (?, ?)", (identity, json.dumps(device)))
+            cursor = self.db.execute("INSERT INTO runs (started_at, info, device_id) VALUES (?, ?, ?)",
+                                     (time.time(), json.dumps(info), identity))
         return int(cursor.lastrowid)
 
     def finish_run(self, run_id: int, summary: dict[str, Any]) -> None:
@@ -216,9 +239,13 @@ class SqliteStore(RecordStore):
                 "finished_at": r["finished_at"],
                 "info": json.loads(r["info"]),
                 "summary": json.loads(r["summary"]) if r["summary"] else None,
+                "device_id": r["device_id"],
             }
             for r in self.db.execute("SELECT * FROM runs ORDER BY run_id")
         ]
+
+    def devices(self) -> dict[str, dict[str, Any]]:
+        return {r[0]: json.loads(r[1]) for r in self.db.execute("SELECT device_id, description FROM devices")}
 
 
 class MemoryStore(SqliteStore):
@@ -258,4 +285,5 @@ def _record(row: sqlite3.Row) -> Record:
         trial=row["trial"],
         measured_at=row["measured_at"],
         run_id=row["run_id"],
+        device_id=row["device_id"],
     )
