@@ -9,7 +9,7 @@ same target, trial budget and seed, and are timed from process start to exit:
 
 The machine's speed drifts by up to ~20% over an hour, so latencies recorded during the runs are not
 compared across runs. After all seeds of an operator, the 3 best programs of every run are
-re-measured together in one measurer, over 8 passes in random order (tunecore.testing.remeasure_together);
+re-measured together in one measurer, over 8 passes in random order (tunecore.experiments.remeasure_together);
 a run's best latency is the minimum over its programs of the median over passes.
 
 Then matmul-1024 fp32: tunecore after --big-trials trials against numpy's matmul (OpenBLAS), timed in
@@ -25,7 +25,6 @@ redone. Writes bench/results/ansor_vs_metaschedule.{json,md}.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -37,10 +36,8 @@ import time
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import common  # noqa: E402
-from common import BUILDER_TIMEOUT_S, command_line, environment, write_results  # noqa: E402
+from tunecore import experiments
+from tunecore.experiments import BUILDER_TIMEOUT_S, command_line, environment, write_results
 
 OPS = ["matmul-512", "conv2d-resnet50-c2", "dwconv-mobilenetv2", "dense-bert", "batch-matmul-bert"]
 TOP_K = 3
@@ -50,14 +47,15 @@ def run_tunecore(op: str, trials: int, seed: int, work: str, extra_args: list[st
     variant = re.sub(r"[^A-Za-z0-9_.=-]+", "_", "".join(f"-{a}" for a in extra_args))
     # emptied first: a repeated run's wall time is whole
     store = os.path.join(work, f"tunecore{variant}-{op}-{trials}-{seed}.db")
-    return {**common.run_tunecore(f"op:{op}", trials, seed, search="ansor", cost_model="xgb", store=f"sqlite:{store}",
-                                  extra_args=extra_args), "store": store}
+    run = experiments.run_tunecore(f"op:{op}", trials, seed, search="ansor", cost_model="xgb",
+                                   store=f"sqlite:{store}", extra_args=extra_args)
+    return {**run, "store": store}
 
 
 def run_metaschedule(op: str, trials: int, seed: int, work: str) -> dict:
     work_dir = os.path.join(work, f"metaschedule-{op}-{trials}-{seed}")
     shutil.rmtree(work_dir, ignore_errors=True)
-    return common.run_metaschedule(f"op:{op}", trials, seed, work_dir)
+    return experiments.run_metaschedule(f"op:{op}", trials, seed, work_dir)
 
 
 def best_programs(run: dict, task, k: int = TOP_K) -> list:
@@ -66,7 +64,7 @@ def best_programs(run: dict, task, k: int = TOP_K) -> list:
     from tunecore.tvmjson import trace_to_json
 
     if "store" in run:
-        return common.best_candidates(run["store"], task, k)
+        return experiments.best_candidates(run["store"], task, k)
     from tvm.s_tir import meta_schedule as ms
 
     db = ms.database.JSONDatabase(work_dir=run["work_dir"])
@@ -77,7 +75,7 @@ def best_programs(run: dict, task, k: int = TOP_K) -> list:
 
 def remeasure(task, runs: dict[str, list]) -> dict[str, float]:
     """Best latency of each run's programs, measured together: min over programs of the median over passes."""
-    from tunecore.testing import remeasure_together
+    from tunecore.experiments import remeasure_together
 
     return {name: latencies[0] for name, latencies in remeasure_together(task, runs).items()}
 
@@ -96,7 +94,7 @@ def numpy_matmul_seconds(n: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = experiments.script_parser(__doc__, __file__)
     parser.add_argument("--ops", default=",".join(OPS))
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--trials", type=int, default=256)
@@ -104,7 +102,6 @@ def main() -> None:
     parser.add_argument("--tunecore-args", default="", metavar="ARGS",
                         help="more arguments for tunecore's side, e.g. \"-O search.time_ratio=1 --round-size 64\"")
     parser.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "tunecore-bench-ansor-vs-metaschedule"))
-    parser.add_argument("--out", default=os.path.join(HERE, "results"))
     args = parser.parse_args()
 
     from tunecore.targets import resolve_target, use_target_threads
@@ -191,12 +188,10 @@ def _blas_name() -> str:
 
 
 def markdown(report: dict) -> str:
-    env = report["environment"]
     lines = [
         f"# tunecore `ansor`+`xgb` vs MetaSchedule tune_tir: {report['trials']} trials, {report['seeds']} seeds",
         "",
-        f"CPU: {env['cpu']} ({env['cores']} cores, kernels on {report['threads']} threads), target "
-        f"`{json.dumps(env['target'])}`, TVM {env['versions']['apache-tvm']}. Command: `{report['command']}`.",
+        experiments.environment_line(report, threads=report["threads"]),
         "",
         *([f"tunecore's side ran with `{' '.join(report['tunecore_args'])}`.", ""]
           if report.get("tunecore_args") else []),

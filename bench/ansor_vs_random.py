@@ -2,7 +2,7 @@
 
 For each seed, both searches tune the operator with the defaults a user gets from `tunecore run`
 (each its own store), one after the other; then the 4 best programs of both runs are re-measured
-together, in random order over several passes (`tunecore.testing.remeasure_together`), because this machine's speed
+together, in random order over several passes (`tunecore.experiments.remeasure_together`), because this machine's speed
 drifts between runs. Reported: best and top-4 mean latency of each, their ratio, and tuning wall time.
 
 `--cores` sets the target's `num-cores` (kernels use that many threads); `all` is the host default.
@@ -16,7 +16,6 @@ Rows accumulate in bench/results/ansor_vs_random.{json,md} (one row per operator
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -25,9 +24,8 @@ import time
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from common import best_candidates, command_line, environment, remove_sqlite, write_results  # noqa: E402
+from tunecore import experiments
+from tunecore.experiments import best_candidates, command_line, environment, remove_sqlite, write_results
 
 TOP_K = 4
 
@@ -44,16 +42,16 @@ def tune(op: str, target: str, search: str, cost_model: str, trials: int, seed: 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = experiments.script_parser(__doc__, __file__)
     parser.add_argument("--ops", default="t2d-0,matmul-512")
     parser.add_argument("--trials", type=int, default=96)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--cores", default="1", help="num-cores of the target, or 'all'")
-    parser.add_argument("--out", default=os.path.join(HERE, "results"))
     args = parser.parse_args()
 
+    from tunecore.experiments import remeasure_together
     from tunecore.targets import host_target, physical_cores
-    from tunecore.testing import remeasure_together, tiny_task
+    from tunecore.testing import tiny_task
     from tunecore.tvmjson import target_from_json, target_to_json
 
     cores = physical_cores() if args.cores == "all" else int(args.cores)

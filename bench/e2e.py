@@ -16,7 +16,6 @@ Resumable: the ONNX files, stores and tuning times are kept in --work. Writes be
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import os
 import sys
@@ -26,10 +25,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import common  # noqa: E402
-from common import command_line, environment, write_results  # noqa: E402
+from tunecore import experiments
+from tunecore.experiments import command_line, environment, write_results
 
 NETWORKS = ("resnet-18", "mobilenet-v2", "bert-base")
 
@@ -70,8 +67,9 @@ def export_onnx(model: Any, example: Any, path: str) -> None:
 
 
 def tune(onnx_path: str, store: str, search: str, cost_model: str, trials: int, done_path: str) -> dict:
-    return common.cached_run(done_path, f"{onnx_path} {search} {cost_model} {trials}", lambda: common.run_tunecore(
-        onnx_path, trials, 0, search=search, cost_model=cost_model, store=f"sqlite:{store}"))
+    return experiments.cached_run(done_path, f"{onnx_path} {search} {cost_model} {trials}",
+                                  lambda: experiments.run_tunecore(onnx_path, trials, 0, search=search,
+                                                                   cost_model=cost_model, store=f"sqlite:{store}"))
 
 
 def variants(name: str, model: Any, x: np.ndarray, onnx_path: str, store: str, threads: int) -> dict[str, Callable]:
@@ -114,7 +112,8 @@ def variants(name: str, model: Any, x: np.ndarray, onnx_path: str, store: str, t
     target = resolve_target("llvm")
     workload = load_workload(onnx_path)
     builds = {"tvm untuned": lambda: (build(workload, target, ms.database.MemoryDatabase()), None),
-              "tvm tuned": lambda: common.build_from_store(workload, extract_tasks(workload, target), target, store)}
+              "tvm tuned": lambda: experiments.build_from_store(workload, extract_tasks(workload, target), target,
+                                                                store)}
     for label, make in builds.items():
         try:  # a build that fails is a result of the benchmark
             executable, covered = make()
@@ -142,7 +141,7 @@ def _median_call_seconds(function: Callable) -> float:
     return float(np.median(times))
 
 
-def time_together(functions: dict[str, Callable], reference: np.ndarray, passes: int) -> dict[str, dict]:
+def check_and_time(functions: dict[str, Callable], reference: np.ndarray, passes: int) -> dict[str, dict]:
     from tunecore.compile import max_relative_error
 
     results: dict[str, dict] = {}
@@ -152,7 +151,8 @@ def time_together(functions: dict[str, Callable], reference: np.ndarray, passes:
         except Exception as e:
             results[name] = {"error": str(e)}
     live = {name: f for name, f in functions.items() if "error" not in results[name]}
-    samples = common.alternating_passes({name: lambda f=f: _median_call_seconds(f) for name, f in live.items()}, passes)
+    samples = experiments.passes_together({name: lambda f=f: _median_call_seconds(f) for name, f in live.items()},
+                                          passes)
     for name, seconds in samples.items():
         results[name]["passes_ms"] = [s * 1e3 for s in seconds]
         results[name]["latency_ms"] = float(np.median(results[name]["passes_ms"]))
@@ -160,14 +160,13 @@ def time_together(functions: dict[str, Callable], reference: np.ndarray, passes:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = experiments.script_parser(__doc__, __file__)
     parser.add_argument("--models", default="resnet-18,mobilenet-v2")
     parser.add_argument("--search", default="ansor")
     parser.add_argument("--cost-model", default="xgb")
     parser.add_argument("--trials", type=int, default=1000)
     parser.add_argument("--passes", type=int, default=5)
     parser.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "tunecore-bench-e2e"))
-    parser.add_argument("--out", default=os.path.join(HERE, "results"))
     args = parser.parse_args()
     models = args.models.split(",")
     unknown = [m for m in models if m not in NETWORKS]
@@ -197,7 +196,7 @@ def main() -> None:
         with torch.inference_mode():
             reference = model(torch.from_numpy(x)).numpy()
         print(f"timing {name} ...", file=sys.stderr, flush=True)
-        networks[name] = {"tuning": tuning, "variants": time_together(functions, reference, args.passes)}
+        networks[name] = {"tuning": tuning, "variants": check_and_time(functions, reference, args.passes)}
 
     report = {"benchmark": "e2e", "search": args.search, "cost_model": args.cost_model, "trials": args.trials,
               "threads": threads, "passes": args.passes, "networks": networks, "environment": environment(),

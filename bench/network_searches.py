@@ -14,27 +14,22 @@ bench/results/network_searches.{json,md}.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import common  # noqa: E402
-from common import command_line, environment, write_results  # noqa: E402
+from tunecore import experiments
+from tunecore.experiments import command_line, environment, write_results
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = experiments.script_parser(__doc__, __file__)
     parser.add_argument("--model", default="zoo:resnet-18")
     parser.add_argument("--pairs", default="ansor:xgb,random:none", help="SEARCH:COST_MODEL, comma-separated")
     parser.add_argument("--trials", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--passes", type=int, default=5)
     parser.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "tunecore-bench-network-searches"))
-    parser.add_argument("--out", default=os.path.join(HERE, "results"))
     args = parser.parse_args()
     pairs = [tuple(p.split(":")) for p in args.pairs.split(",")]
     if any(len(p) != 2 for p in pairs):
@@ -47,13 +42,13 @@ def main() -> None:
         key = f"{args.model} {name} {args.trials} {args.seed}"
         stores[name] = os.path.join(args.work, f"{args.model.replace(':', '-')}-{search}-{cost_model}-"
                                                f"{args.trials}-{args.seed}.db")
-        runs[name] = common.cached_run(os.path.join(args.work, "runs.json"), key, lambda: common.run_tunecore(
+        runs[name] = experiments.cached_run(os.path.join(args.work, "runs.json"), key, lambda: experiments.run_tunecore(
             args.model, args.trials, args.seed, search=search, cost_model=cost_model, store=f"sqlite:{stores[name]}"))
         print(f"  {key}: {runs[name]['wall_s']:.0f} s, estimated {_estimate(runs[name])} ms",
               file=sys.stderr, flush=True)
 
     print("building and timing ...", file=sys.stderr, flush=True)
-    timed = common.time_together(args.model, stores, args.passes)
+    timed = experiments.time_builds_together(args.model, stores, args.passes)
     report = {"benchmark": "network_searches", "model": args.model, "trials": args.trials, "seed": args.seed,
               "passes": args.passes, "runs": runs, "builds": timed, "environment": environment(),
               "command": command_line("network_searches.py")}
@@ -61,13 +56,11 @@ def main() -> None:
 
 
 def markdown(report: dict) -> str:
-    env = report["environment"]
     untuned = report["builds"]["untuned"]["latency_ms"]
     lines = [
         f"# {report['model']}: searches at {report['trials']} trials, built and timed together",
         "",
-        f"CPU: {env['cpu']} ({env['cores']} cores), target `{json.dumps(env['target'])}`, "
-        f"TVM {env['versions']['apache-tvm']}. Command: `{report['command']}`.",
+        experiments.environment_line(report),
         "",
         f"End-to-end latency: median of {report['passes']} alternating passes over all builds in one process "
         "(each pass of a tuned build: median of 5 calls). Estimated: the run's sum of weight × best kernel latency.",

@@ -20,15 +20,19 @@ Writes bench/results/throughput.json and bench/results/throughput.md.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from common import BUILDER_TIMEOUT_S, command_line, environment, run_metaschedule, run_tunecore, write_results  # noqa: E402
+from tunecore import experiments
+from tunecore.experiments import (
+    BUILDER_TIMEOUT_S,
+    command_line,
+    environment,
+    run_metaschedule,
+    run_tunecore,
+    write_results,
+)
 
 
 def run_metaschedule_once(model: str, trials: int, strategy: str, builder_timeout: float | None, seed: int) -> dict:
@@ -37,13 +41,12 @@ def run_metaschedule_once(model: str, trials: int, strategy: str, builder_timeou
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = experiments.script_parser(__doc__, __file__)
     parser.add_argument("--model", default="op:matmul-512")
     parser.add_argument("--trials", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--with-stock", action="store_true",
                         help="also run tune_tir with its stock 30 s builder timeout")
-    parser.add_argument("--out", default=os.path.join(HERE, "results"))
     args = parser.parse_args()
 
     work = tempfile.mkdtemp(prefix="tunecore-throughput-")
@@ -82,9 +85,9 @@ def runner_settings() -> dict:
 
     from tvm.s_tir.meta_schedule.runner.config import EvaluatorConfig
 
-    from tunecore.measure.local import LocalMeasurer
+    from tunecore.measure.local import LocalRunner
 
-    local = {k: p.default for k, p in inspect.signature(LocalMeasurer).parameters.items()
+    local = {k: p.default for k, p in inspect.signature(LocalRunner).parameters.items()
              if k in ("repeat", "number", "min_repeat_ms", "cpu_cache_flush", "screen")}
     metaschedule = EvaluatorConfig._normalized(None)
     return {"tunecore": local, "metaschedule": {k: getattr(metaschedule, k) for k in
@@ -92,12 +95,10 @@ def runner_settings() -> dict:
 
 
 def markdown(report: dict) -> str:
-    env = report["environment"]
     lines = [
         f"# Throughput: {report['model']}, {report['trials']} trials",
         "",
-        f"CPU: {env['cpu']} ({env['cores']} cores), target `{json.dumps(env['target'])}`, "
-        f"TVM {env['versions']['apache-tvm']}. Command: `{report['command']}`.",
+        experiments.environment_line(report),
         "",
         "| variant | wall s | measured | succeeded | succeeded / min | tunecore is × faster | best latency ms |",
         "|---|---:|---:|---:|---:|---:|---:|",

@@ -12,7 +12,7 @@
        estimated latency (sum over tasks of weight x best kernel latency; a task not measured yet counts
        at (a)'s latency) was as low as transfer's.
    Then the target is built untuned, with (b)'s and with (c)'s records, and all builds are timed
-   together in alternating passes, every build the same way (`common.time_together`).
+   together in alternating passes, every build the same way (`tunecore.experiments.time_builds_together`).
 3. % of maximum speedup = speedup(b) / speedup(c), speedups over untuned (TT's definition: 100% means
    transfer is as fast as full tuning), end to end and from the kernel estimates. Kernels of the target
    that a donor run tuned itself (same kernel in two models: "shared") cost transfer nothing, so the
@@ -27,18 +27,14 @@ Resumable: every tuning run is kept in --work and not repeated. Writes bench/res
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import common  # noqa: E402
-from common import command_line, environment, write_results  # noqa: E402
-
-from tunecore.bench import copy_sqlite, curve  # noqa: E402
+from tunecore import experiments
+from tunecore.bench import copy_sqlite, curve
+from tunecore.experiments import command_line, environment, write_results
 
 # Transfer-Tuning (PACT'22), its abstract and section 6: share of Ansor's maximum speedup reached, and how
 # many times more search time Ansor needed to reach Transfer-Tuning's speedup.
@@ -47,7 +43,7 @@ PAPER = {"server CPU (Xeon E5-2620)": {"average_pct": 49, "max_pct": 88, "search
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = experiments.script_parser(__doc__, __file__)
     parser.add_argument("--donors", default="zoo:resnet-50,zoo:mobilenet-v2,zoo:bert-tiny")
     parser.add_argument("--donor-trials", type=int, default=1000)
     parser.add_argument("--targets", default="zoo:resnet-18,zoo:bert-base")
@@ -58,7 +54,6 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--passes", type=int, default=5)
     parser.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "tunecore-bench-transfer"))
-    parser.add_argument("--out", default=os.path.join(HERE, "results"))
     args = parser.parse_args()
     donors, targets = args.donors.split(","), args.targets.split(",")
     if set(donors) & set(targets):
@@ -73,18 +68,18 @@ def main() -> None:
     pool = os.path.join(args.work, f"donors-{args.donor_trials}-{args.seed}.db")
 
     def tune_donors() -> dict:  # one pool, filled from empty: each run adds its model to the same store
-        common.remove_sqlite(pool)
-        return {model: common.run_tunecore(model, args.donor_trials, args.seed, search="ansor", cost_model="xgb",
+        experiments.remove_sqlite(pool)
+        return {model: experiments.run_tunecore(model, args.donor_trials, args.seed, search="ansor", cost_model="xgb",
                                            store=pool)
                 for model in donors}
 
-    donor_runs = common.cached_run(done, f"donors {','.join(donors)} ansor xgb {args.donor_trials} {args.seed}",
+    donor_runs = experiments.cached_run(done, f"donors {','.join(donors)} ansor xgb {args.donor_trials} {args.seed}",
                                    tune_donors)
 
     results = {}
     for model in targets:
         slug = model.replace(":", "-")
-        untuned = common.cached_run(done, f"{model} untuned tasks", lambda: _untuned_latencies(model))
+        untuned = experiments.cached_run(done, f"{model} untuned tasks", lambda: _untuned_latencies(model))
         shared = _tuned_in(pool, untuned)
         runs, stores = {}, {}
         for cost_model in args.cost_models.split(","):
@@ -92,28 +87,28 @@ def main() -> None:
             stores[name] = os.path.join(args.work, f"{slug}-{name}.db")
 
             def transfer(store=stores[name], cost_model=cost_model):
-                common.remove_sqlite(store)
+                experiments.remove_sqlite(store)
                 copy_sqlite(pool, store)
-                return common.run_tunecore(model, args.transfer_trials, args.seed, search="transfer",
+                return experiments.run_tunecore(model, args.transfer_trials, args.seed, search="transfer",
                                            cost_model=cost_model, store=store)
 
-            runs[name] = common.cached_run(done, f"{model} {name} {args.transfer_trials} {args.seed} "
+            runs[name] = experiments.cached_run(done, f"{model} {name} {args.transfer_trials} {args.seed} "
                                                  f"pool {args.donors} {args.donor_trials}",
                                            transfer)
         full, converged = f"ansor+xgb {args.full_trials}", f"ansor+xgb {args.converged_trials}"
         stores[full] = os.path.join(args.work, f"{slug}-ansor-xgb-{args.full_trials}.db")
         stores[converged] = os.path.join(args.work, f"{slug}-ansor-xgb-{args.full_trials}-{args.converged_trials}.db")
-        runs[full] = common.cached_run(
-            done, f"{model} ansor+xgb {args.full_trials} {args.seed}", lambda: common.run_tunecore(
+        runs[full] = experiments.cached_run(
+            done, f"{model} ansor+xgb {args.full_trials} {args.seed}", lambda: experiments.run_tunecore(
                 model, args.full_trials, args.seed, search="ansor", cost_model="xgb", store=f"sqlite:{stores[full]}"))
 
         def resume_ansor() -> dict:  # the same run, given more trials: it continues from the smaller budget's store
-            common.remove_sqlite(stores[converged])
+            experiments.remove_sqlite(stores[converged])
             copy_sqlite(stores[full], stores[converged])
-            return common.run_tunecore(model, args.converged_trials, args.seed, search="ansor", cost_model="xgb",
+            return experiments.run_tunecore(model, args.converged_trials, args.seed, search="ansor", cost_model="xgb",
                                        store=stores[converged])
 
-        runs[converged] = common.cached_run(
+        runs[converged] = experiments.cached_run(
             done, f"{model} ansor+xgb {args.full_trials}->{args.converged_trials} {args.seed}", resume_ansor)
         # time to match from the run from scratch: the resumed run has a copy of its records, not its own start
         ansor_curve = curve(stores[full], model=model, search="ansor", start_s=untuned)
@@ -121,7 +116,7 @@ def main() -> None:
         unshared_curve = curve(stores[full], model=model, search="ansor", start_s=untuned, task_ids=unshared)
         kernels = {name: _best_latencies(store, untuned) for name, store in stores.items()}
         print(f"building and timing {model} ...", file=sys.stderr, flush=True)
-        builds = common.time_together(model, stores, args.passes)
+        builds = experiments.time_builds_together(model, stores, args.passes)
         results[model] = {"runs": runs, "builds": builds, "ansor_curve": ansor_curve,
                           "ansor_curve_unshared": unshared_curve,
                           "converged_curve": curve(stores[converged], model=model, search="ansor", start_s=untuned),

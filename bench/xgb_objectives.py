@@ -19,7 +19,6 @@ XGBModel.predict on the same programs.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -27,9 +26,8 @@ import time
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from common import write_results  # noqa: E402
+from tunecore import experiments
+from tunecore.experiments import write_results
 
 TOP_K = (1, 8, 32)
 
@@ -76,9 +74,8 @@ def evaluate(model_factory, train: list, test: list) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = experiments.script_parser(__doc__, __file__)
     parser.add_argument("--store", required=True)
-    parser.add_argument("--out", default=os.path.join(HERE, "results"))
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 

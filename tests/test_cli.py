@@ -8,8 +8,10 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, assert_one_line_exit_2, run_cli
-from conftest import cli_json as _json
+from conftest import ROOT
+
+from tunecore.testing.cli import assert_one_line_exit_2, run_cli
+from tunecore.testing.cli import cli_json as _json
 
 
 def test_run_stores_records_and_resumes_with_the_difference(tmp_path):

@@ -4,10 +4,9 @@ import pathlib
 import shutil
 import sqlite3
 
-from conftest import cli_json, run_cli
-
 from tunecore.store.sqlite import SCHEMA_VERSION, SqliteStore
 from tunecore.targets import device_descriptor, device_id, resolve_target
+from tunecore.testing.cli import cli_json, run_cli
 
 # A store written by tunecore before devices were recorded (schema 1): 4 records of op:matmul-64.
 STORE_V1 = pathlib.Path(__file__).parent / "data" / "store-v1.db"

@@ -3,7 +3,8 @@
 import json
 
 import pytest
-from conftest import run_cli
+
+from tunecore.testing.cli import run_cli
 
 
 def _run_then_compile(model, trials, store):

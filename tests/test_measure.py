@@ -1,10 +1,12 @@
-"""The local measurer survives what candidates do to it: crashes and timeouts are results."""
+"""The local measurer: a builder, a runner and profilers; crashes and timeouts are results."""
 
 import pytest
 
+from tunecore import hookimpl
 from tunecore.interfaces import Candidate
-from tunecore.measure.local import LocalMeasurer
+from tunecore.measure.local import LocalBuilder, LocalMeasurer, LocalRunner
 from tunecore.space import DesignSpace
+from tunecore.testing import ArtifactSizeProfiler
 from tunecore.tvmjson import new_schedule
 
 
@@ -88,3 +90,67 @@ def test_clearly_slow_candidates_are_timed_once(target):
     finally:
         screening.close()
         everything.close()
+
+
+class _Parts:
+    """A test plugin: the profiler from tunecore.testing and a runner that stands for a fleet of 4 devices."""
+
+    @hookimpl
+    def tunecore_register_profilers(self, register):
+        register(ArtifactSizeProfiler)
+
+    @hookimpl
+    def tunecore_register_runners(self, register):
+        register(_FleetRunner)
+
+
+class _FleetRunner(LocalRunner):
+    name = "fleet"
+    capacity = 4
+
+    def device(self):
+        return {"kind": "llvm", "cpu": "a remote board", "cores": 4}
+
+
+@pytest.fixture(scope="module")
+def registry():
+    from tunecore.plugins import new_plugin_manager
+    from tunecore.registry import Registry
+
+    pm = new_plugin_manager(autoload=False)
+    pm.register(_Parts(), name="test-parts")
+    return Registry(pm)
+
+
+def test_a_profiler_sees_the_artifact_before_it_is_discarded(target, matmul_task, registry, monkeypatch):
+    import os
+
+    discarded = []
+    monkeypatch.setattr(LocalBuilder, "discard", lambda self, a: (discarded.append(a.path), os.remove(a.path)))
+    profiled = LocalMeasurer(target, profilers=["artifact-size"], registry=registry)
+    try:
+        results = profiled.measure(matmul_task, _candidates(matmul_task, 3))
+    finally:
+        profiled.close()
+    assert all(r.error is None and r.profile["artifact_bytes"] > 1000 for r in results)
+    assert len(discarded) == 3 and not any(os.path.exists(p) for p in discarded)  # removed after profiling
+
+
+def test_parts_are_chosen_by_option_and_options_go_to_the_part_that_takes_them(target, matmul_task, registry):
+    from tunecore.errors import PluginError
+    from tunecore.tuner import default_round_size
+
+    fleet = LocalMeasurer(target, runner="fleet", build_workers=1, repeat=2, screen=0, registry=registry)
+    try:
+        assert isinstance(fleet.runner, _FleetRunner) and fleet.builder.capacity == 1
+        assert fleet.runner.evaluator["repeat"] == 2 and fleet.capacity == 4
+        assert fleet.device()["cpu"] == "a remote board"
+        (result,) = fleet.measure(matmul_task, _candidates(matmul_task, 1))
+        assert result.error is None and len(result.run_secs) == 2
+    finally:
+        fleet.close()
+    assert default_round_size(20000, 2, fleet.capacity) == 4 * default_round_size(20000, 2) == 128
+    with pytest.raises(TypeError, match="unknown option\\(s\\) for measurer 'local': bogus"):
+        LocalMeasurer(target, bogus=1, registry=registry)
+    with pytest.raises(PluginError, match="unknown builder 'dask'; installed: local"):
+        LocalMeasurer(target, builder="dask", registry=registry)

@@ -9,13 +9,13 @@ import textwrap
 
 import pluggy
 import pytest
-from conftest import assert_one_line_exit_2, run_cli
 
 from tunecore import hookimpl
 from tunecore.builtin.random_search import RandomSearch
 from tunecore.errors import PluginError
 from tunecore.plugins import new_plugin_manager
 from tunecore.registry import Registry, describe_plugins
+from tunecore.testing.cli import assert_one_line_exit_2, run_cli
 
 
 def _manager_with(*plugins):
@@ -88,8 +88,8 @@ def test_plugins_json_describes_the_core():
     plugins = describe_plugins(_manager_with())
     (core,) = plugins
     assert core["distribution"] == "tunecore"
-    assert core["components"] == {"cost_model": ["none"], "measurer": ["local"], "search": ["random"],
-                                  "store": ["memory", "sqlite"]}
+    assert core["components"] == {"builder": ["local"], "cost_model": ["none"], "measurer": ["local"],
+                                  "runner": ["local"], "search": ["random"], "store": ["memory", "sqlite"]}
     assert "tunecore_register_search_policies" in core["hooks"]
 
 

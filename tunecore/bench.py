@@ -14,7 +14,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import platform
 import re
 import sqlite3
 import time
@@ -61,29 +60,6 @@ def split_list(value: str, flag: str) -> list[str]:
     if not all(items):
         raise UsageError(f"{flag} {value!r}: expected a comma-separated list without empty items")
     return list(dict.fromkeys(items))
-
-
-def environment(target: Any) -> dict[str, Any]:
-    """Where a benchmark ran: CPU, cores, target, device attributes, versions, installed plugins."""
-    import importlib.metadata
-
-    from tunecore.registry import describe_plugins
-    from tunecore.targets import device_descriptor
-    from tunecore.tvmjson import target_to_json
-
-    cpu = ""
-    if os.path.exists("/proc/cpuinfo"):
-        cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-                   "")
-    return {
-        "cpu": cpu or platform.processor(),
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "target": json.loads(target_to_json(target)),
-        "device": device_descriptor(target),
-        "versions": {d: importlib.metadata.version(d) for d in ("apache-tvm", "apache-tvm-ffi", "tunecore")},
-        "plugins": describe_plugins(),
-    }
 
 
 def load_results(out: str) -> dict[str, Any] | None:
@@ -184,7 +160,7 @@ def run_matrix(
     Anything the user got wrong is refused before the first cell; a cell whose run fails is
     recorded with its error and the matrix goes on.
     """
-    from tunecore import api
+    from tunecore import api, experiments
     from tunecore.compile import compile_and_check
     from tunecore.registry import Registry
     from tunecore.store.sqlite import SqliteStore
@@ -215,7 +191,7 @@ def run_matrix(
     elif results["settings"] != shared:
         changed = ", ".join(k for k in _SETTINGS if results["settings"].get(k) != shared[k])
         raise UsageError(f"{out} holds a matrix with other settings ({changed}); use another --out")
-    results["environment"] = environment(tvm_target)
+    results["environment"] = experiments.environment(tvm_target)
     results["trials"] = trials
 
     for index, cell in enumerate(cells):

@@ -17,7 +17,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from tunecore.data import Candidate, MeasureResult, Record, Task
-    from tunecore.roles import CostModel, Measurer, RecordStore, SearchPolicy
+    from tunecore.roles import Builder, CostModel, Measurer, Profiler, RecordStore, Runner, SearchPolicy
 
 hookspec = pluggy.HookspecMarker("tunecore")
 hookimpl = pluggy.HookimplMarker("tunecore")
@@ -47,6 +47,21 @@ def tunecore_register_measurers(register: Callable[[type[Measurer]], None]) -> N
 
 
 @hookspec
+def tunecore_register_builders(register: Callable[[type[Builder]], None]) -> None:
+    """Register measurer parts that build candidates (selected with ``-O measurer.builder=NAME``)."""
+
+
+@hookspec
+def tunecore_register_runners(register: Callable[[type[Runner]], None]) -> None:
+    """Register measurer parts that time built candidates on a device (``-O measurer.runner=NAME``)."""
+
+
+@hookspec
+def tunecore_register_profilers(register: Callable[[type[Profiler]], None]) -> None:
+    """Register profilers, which add metrics of a built candidate where it runs (``-O measurer.profilers=[NAME]``)."""
+
+
+@hookspec
 def tunecore_register_commands(register: Callable[..., argparse.ArgumentParser]) -> None:
     """Add subcommands to ``tunecore``: ``parser = register(name, handler, help="...")`` for each.
 
@@ -67,8 +82,9 @@ def tunecore_on_run_start(run: dict[str, Any], tasks: Sequence[Task]) -> None:
 def tunecore_on_measured(task: Task, candidates: Sequence[Candidate], results: Sequence[MeasureResult]) -> None:
     """Candidates were measured and are about to be stored.
 
-    The one hook that may change data: add entries to ``result.profile`` (e.g. hardware counters) and
-    they are stored beside the latency. Must not raise for a candidate's failure.
+    The one hook that may change data: add entries to ``result.profile`` and they are stored beside the
+    latency. The built artifacts are gone by now; metrics that need the program (hardware counters) come
+    from a ``Profiler``, which the runner calls while it has the artifact. Must not raise for a failure.
     """
 
 

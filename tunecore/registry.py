@@ -1,4 +1,4 @@
-"""Name -> component class, per role. The registry owns the names.
+"""Name -> component class, per role (and per measurer part: builder, runner, profiler). The registry owns the names.
 
 It calls every plugin's registration hooks one plugin at a time, so that it knows which
 distribution registered which class: a duplicate name is an error naming both distributions.
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from tunecore.errors import PluginError
 from tunecore.plugins import CORE_DISTRIBUTION, PluginManager, distribution_of, get_plugin_manager
-from tunecore.roles import ROLE_LABELS, ROLES, Component
+from tunecore.roles import MEASURER_PARTS, PART_LABELS, ROLE_LABELS, ROLES, Component
 
 if TYPE_CHECKING:
     import pluggy
@@ -22,7 +22,12 @@ _ROLE_HOOKS = {
     "cost_model": "tunecore_register_cost_models",
     "store": "tunecore_register_record_stores",
     "measurer": "tunecore_register_measurers",
+    "builder": "tunecore_register_builders",
+    "runner": "tunecore_register_runners",
+    "profiler": "tunecore_register_profilers",
 }
+_BASES = {**ROLES, **MEASURER_PARTS}
+_LABELS = {**ROLE_LABELS, **PART_LABELS}
 
 
 @dataclasses.dataclass
@@ -36,15 +41,15 @@ class Entry:
 class Registry:
     def __init__(self, pm: pluggy.PluginManager | None = None):
         self.pm = pm or get_plugin_manager()
-        self._entries: dict[str, dict[str, Entry]] = {role: {} for role in ROLES}
+        self._entries: dict[str, dict[str, Entry]] = {role: {} for role in _BASES}
         for role, hook_name in _ROLE_HOOKS.items():
             for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
                 dist = distribution_of(self.pm, impl.plugin)[0]
                 impl.function(register=self._registrar(role, impl.plugin, dist))
 
     def _registrar(self, role: str, plugin: object, dist: str):
-        base = ROLES[role]
-        label = ROLE_LABELS[role]
+        base = _BASES[role]
+        label = _LABELS[role]
 
         def register(cls: type) -> None:
             if not (isinstance(cls, type) and issubclass(cls, base)):
@@ -67,12 +72,12 @@ class Registry:
         return sorted(self._entries[role])
 
     def entries(self) -> list[Entry]:
-        return [e for role in ROLES for e in self._entries[role].values()]
+        return [e for role in _BASES for e in self._entries[role].values()]
 
     def get(self, role: str, name: str) -> type[Component]:
         entry = self._entries[role].get(name)
         if entry is None:
-            label = ROLE_LABELS[role]
+            label = _LABELS[role]
             installed = ", ".join(self.names(role)) or "none"
             raise PluginError(
                 f"unknown {label} '{name}'; installed: {installed} (run `tunecore plugins` to see where they come from)"
@@ -87,7 +92,7 @@ class Registry:
         for role, name in chosen.items():
             reason = self.get(role, name).unsupported_reason(target)
             if reason:
-                raise PluginError(f"{ROLE_LABELS[role]} '{name}' cannot be used with target "
+                raise PluginError(f"{_LABELS[role]} '{name}' cannot be used with target "
                                   f"{target.kind.name}: {reason}")
 
 

@@ -1,4 +1,5 @@
-"""The four roles a plugin can fill, as abstract base classes: SearchPolicy, CostModel, RecordStore, Measurer.
+"""The four roles a plugin can fill, as abstract base classes: SearchPolicy, CostModel, RecordStore, Measurer;
+and the parts a measurer is made of: Builder, Runner, Profiler.
 
 A component class names itself with the class attribute ``name``; the registry owns those names.
 """
@@ -174,9 +175,14 @@ class RecordStore(Component):
 class Measurer(Component):
     """Builds and runs candidates on the target. Built by the core as ``cls(target, **options)``.
 
+    ``capacity`` is how many candidates it measures at once; the tuner makes rounds large enough to
+    keep that many busy.
+
     Failures (build errors, crashes, timeouts, wrong results) come back as results with ``error``
     set; ``measure`` raises only when the measurer itself cannot work at all.
     """
+
+    capacity: int = 1
 
     def __init__(self, target: tvm.target.Target, **options: Any):
         reject_unknown_options("measurer", self.name, options)
@@ -195,6 +201,76 @@ class Measurer(Component):
         return device_descriptor(self.target)
 
 
+@dataclasses.dataclass
+class Artifact:
+    """A built candidate, where the runner that measures it can load it."""
+
+    path: str  # a shared library, on the machine the builder wrote it to
+    build_secs: float = 0.0
+
+
+class Builder(Component):
+    """Compiles scheduled modules into artifacts. Built by the measurer as ``cls(target, **options)``.
+
+    ``capacity`` is how many modules it builds at once (workers); ``discard`` frees an artifact once
+    it has been run and profiled.
+    """
+
+    capacity: int = 1
+
+    def __init__(self, target: tvm.target.Target, **options: Any):
+        reject_unknown_options("builder", self.name, options)
+        self.target = target
+
+    @abc.abstractmethod
+    def build(self, mods_json: Sequence[str]) -> list[Artifact | str]:
+        """One artifact per module (``tvm.ir.save_json`` of the scheduled IRModule), in order; for a module that
+        failed to build, the reason as one line instead. Raises only when the builder itself cannot work."""
+
+    def discard(self, artifact: Artifact) -> None:
+        """The artifact is no longer needed."""
+        import os
+
+        try:
+            os.remove(artifact.path)
+        except OSError:
+            pass
+
+
+class Profiler(Component):
+    """Adds metrics of a built candidate to its result: called by the runner where it runs the candidate,
+    after timing it and while the artifact still exists. Built by the measurer as ``cls()``."""
+
+    @abc.abstractmethod
+    def profile(self, task: Task, artifact: Artifact, result: MeasureResult) -> dict[str, float]:
+        """Metrics to add to ``result.profile``; {} when there is nothing to say (e.g. a failed run)."""
+
+
+class Runner(Component):
+    """Times artifacts on the device. Built by the measurer as ``cls(target, **options)``.
+
+    ``capacity`` is how many candidates it times at once (1 for one device; N for a fleet of N):
+    the tuner sizes its rounds by it.
+    """
+
+    capacity: int = 1
+
+    def __init__(self, target: tvm.target.Target, **options: Any):
+        reject_unknown_options("runner", self.name, options)
+        self.target = target
+
+    @abc.abstractmethod
+    def run(self, task: Task, artifacts: Sequence[Artifact], profilers: Sequence[Profiler]) -> list[MeasureResult]:
+        """One result per artifact, in order (``run_secs``, or ``error`` for a crash or timeout), each
+        profiled by every profiler before the artifact may go away."""
+
+    def device(self) -> dict[str, Any]:
+        """The device it times on; see ``Measurer.device``."""
+        from tunecore.targets import device_descriptor
+
+        return device_descriptor(self.target)
+
+
 ROLES: dict[str, type[Component]] = {
     "search": SearchPolicy,
     "cost_model": CostModel,
@@ -202,3 +278,6 @@ ROLES: dict[str, type[Component]] = {
     "measurer": Measurer,
 }
 ROLE_LABELS = {"search": "search policy", "cost_model": "cost model", "store": "record store", "measurer": "measurer"}
+# What a measurer can be assembled from (-O measurer.builder=NAME -O measurer.runner=NAME -O measurer.profilers=[...])
+MEASURER_PARTS: dict[str, type[Component]] = {"builder": Builder, "runner": Runner, "profiler": Profiler}
+PART_LABELS = {"builder": "builder", "runner": "runner", "profiler": "profiler"}

@@ -125,10 +125,11 @@ class GradientScheduler(RoundRobinScheduler):
 SCHEDULERS = {cls.name: cls for cls in (GradientScheduler, RoundRobinScheduler)}
 
 
-def default_round_size(budget: int, n_tasks: int) -> int:
+def default_round_size(budget: int, n_tasks: int, capacity: int = 1) -> int:
     """Candidates per round: small enough that the scheduler can move budget between tasks, large
-    enough to keep the build pool busy."""
-    return max(4, min(32, budget // max(1, 2 * n_tasks)))
+    enough to keep the build pool busy, and up to 32 for each candidate the measurer measures at once
+    (``Measurer.capacity``: a fleet of N devices gets rounds N times as large)."""
+    return max(4, min(32 * capacity, budget // max(1, 2 * n_tasks)))
 
 
 @dataclasses.dataclass
@@ -181,7 +182,7 @@ class Tuner:
         same_workload = {r["run_id"] for r in self.store.runs() if _same_workload(r["info"], info)}
         already = sum(r.run_id in same_workload for s in states for r in s.history)
         budget = max(0, trials - already)
-        round_size = self.round_size or default_round_size(budget, len(tasks))
+        round_size = self.round_size or default_round_size(budget, len(tasks), self.measurer.capacity)
         info.update(trials=trials, seed=self.seed, scheduler=self.scheduler_name, round_size=round_size)
         device = self.measurer.device()
         run_id = self.store.start_run(dict(info, device=device))

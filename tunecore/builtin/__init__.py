@@ -33,6 +33,20 @@ def tunecore_register_measurers(register):
 
 
 @hookimpl
+def tunecore_register_builders(register):
+    from tunecore.measure.local import LocalBuilder
+
+    register(LocalBuilder)
+
+
+@hookimpl
+def tunecore_register_runners(register):
+    from tunecore.measure.local import LocalRunner
+
+    register(LocalRunner)
+
+
+@hookimpl
 def tunecore_register_commands(register):
     from tunecore.cli import bench, compile, plugins, records, run, tasks
 

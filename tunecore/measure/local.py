@@ -1,9 +1,14 @@
-"""The ``local`` measurer: a warm pool of build workers and one runner process on this machine.
+"""The ``local`` measurer: a builder and a runner, by default a warm pool of build workers and one runner
+process on this machine, with any profilers.
 
 Builds run in parallel (one worker per core); runs are serial and happen while no build runs,
 so timings are not disturbed by compilation. Per-candidate timeouts kill and replace a worker.
 
-A candidate whose first (cold) run is more than ``screen`` times slower than the best this measurer
+The parts are chosen by option: ``-O measurer.builder=NAME -O measurer.runner=NAME
+-O measurer.profilers='["NAME"]'`` (registered through ``tunecore_register_builders`` / ``_runners`` /
+``_profilers``); every other ``measurer.KEY`` option goes to whichever part's constructor takes it.
+
+A candidate whose first (cold) run is more than ``screen`` times slower than the best the runner
 has seen for the task is timed once, not ``repeat`` times: it cannot be the best, and slow
 candidates would otherwise dominate measurement time. Its latency is that single cold timing.
 """
@@ -11,57 +16,86 @@ candidates would otherwise dominate measurement time. Its latency is that single
 from __future__ import annotations
 
 import concurrent.futures
+import inspect
 import shutil
 import subprocess
 import tempfile
+import time
 from typing import Any, Sequence
 
 from tunecore.data import Candidate, MeasureResult, Task
 from tunecore.errors import error_line
 from tunecore.measure import worker
-from tunecore.roles import Measurer
+from tunecore.options import reject_unknown_options
+from tunecore.roles import Artifact, Builder, Measurer, Profiler, Runner
+
+_LOCAL_KINDS = frozenset({"llvm", "cuda", "rocm", "metal", "vulkan", "opencl"})
 
 
-class LocalMeasurer(Measurer):
+def _pool(workers: int, timeout: float, target_json: str) -> Any:
+    from tvm.support.popen_pool import PopenPoolExecutor
+
+    return PopenPoolExecutor(workers, timeout=timeout, initializer=worker.init_worker, initargs=(target_json,),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+class LocalBuilder(Builder):
+    """Worker processes on this machine that stay warm for the whole run (TVM imported once each)."""
+
     name = "local"
-    target_kinds = frozenset({"llvm", "cuda", "rocm", "metal", "vulkan", "opencl"})
 
-    def __init__(
-        self,
-        target: Any,
-        *,
-        build_workers: int | None = None,
-        build_timeout: float = 60.0,
-        run_timeout: float = 20.0,
-        repeat: int = 3,
-        number: int = 1,
-        min_repeat_ms: int = 20,
-        cpu_cache_flush: bool = False,
-        screen: float = 2.0,
-        **options: Any,
-    ):
+    def __init__(self, target: Any, *, build_workers: int | None = None, build_timeout: float = 60.0,
+                 **options: Any):
         super().__init__(target, **options)
-        from tvm.support.popen_pool import PopenPoolExecutor
-
         from tunecore.targets import physical_cores
         from tunecore.tvmjson import target_to_json
 
         self.target_json = target_to_json(target)
-        self.build_timeout = build_timeout
-        self.run_timeout = run_timeout
+        self.timeout = build_timeout
+        self.capacity = build_workers or physical_cores()
+        self.directory = tempfile.mkdtemp(prefix="tunecore-build-")
+        self.pool = _pool(self.capacity, build_timeout, self.target_json)
+        # start the workers now, while the tuner prepares its tasks
+        self.warmup = [self.pool.submit(worker.ping) for _ in range(self.capacity)]
+
+    def build(self, mods_json: Sequence[str]) -> list[Artifact | str]:
+        concurrent.futures.wait(self.warmup)
+        futures = [self.pool.submit(worker.build, mod_json, self.target_json, self.directory) for mod_json in mods_json]
+        out: list[Artifact | str] = []
+        for future in futures:
+            try:
+                out.append(Artifact(*future.result()))
+            except Exception as error:
+                out.append("build: " + _describe(error, self.timeout))
+        return out
+
+    def close(self) -> None:
+        # A worker still starting cannot be killed cleanly (TVM's PopenWorker has no pipes yet and
+        # the process would outlive us): let the warm-up pings finish first.
+        concurrent.futures.wait(self.warmup, timeout=self.timeout)
+        self.pool.shutdown(wait=False)
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+class LocalRunner(Runner):
+    """One worker process on this machine times one candidate at a time (see the module docstring)."""
+
+    name = "local"
+    target_kinds = _LOCAL_KINDS
+
+    def __init__(self, target: Any, *, run_timeout: float = 20.0, repeat: int = 3, number: int = 1,
+                 min_repeat_ms: int = 20, cpu_cache_flush: bool = False, screen: float = 2.0, **options: Any):
+        super().__init__(target, **options)
+        from tunecore.tvmjson import target_to_json
+
+        self.target_json = target_to_json(target)
+        self.timeout = run_timeout
         self.evaluator = dict(number=number, repeat=repeat, min_repeat_ms=min_repeat_ms,
                               enable_cpu_cache_flush=cpu_cache_flush)
         self.screen = screen
-        self.best: dict[str, float] = {}  # task id -> best latency this measurer has seen
-        self.artifact_dir = tempfile.mkdtemp(prefix="tunecore-build-")
-        self.build_workers = build_workers or physical_cores()
-        quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        init = dict(initializer=worker.init_worker, initargs=(self.target_json,))
-        self.builders = PopenPoolExecutor(self.build_workers, timeout=build_timeout, **init, **quiet)
-        self.runner = PopenPoolExecutor(1, timeout=run_timeout, **init, **quiet)
-        # start the workers now, while the tuner prepares its tasks
-        self._warmup = [self.builders.submit(worker.ping) for _ in range(self.build_workers)]
-        self._warmup.append(self.runner.submit(worker.ping))
+        self.best: dict[str, float] = {}  # task id -> best latency this runner has seen
+        self.pool = _pool(1, run_timeout, self.target_json)
+        self.warmup = [self.pool.submit(worker.ping)]
 
     @classmethod
     def unsupported_reason(cls, target: Any) -> str | None:
@@ -69,61 +103,112 @@ class LocalMeasurer(Measurer):
 
         reason = super().unsupported_reason(target)
         if reason is None and target.kind.name != "llvm" and not tvm.device(target.kind.name, 0).exist:
-            reason = f"there is no {target.kind.name} device on this machine (the local measurer measures only here)"
+            reason = f"there is no {target.kind.name} device on this machine (the local runner measures only here)"
         return reason
 
-    def measure(self, task: Task, candidates: Sequence[Candidate]) -> list[MeasureResult]:
-        import time
-
-        import tvm
-
-        concurrent.futures.wait(self._warmup)
-        started = time.perf_counter()
-        results = [MeasureResult() for _ in candidates]
-        builds: list[concurrent.futures.Future | None] = []
-        for result, candidate in zip(results, candidates):
-            try:
-                mod_json = tvm.ir.save_json(candidate.mod)
-            except Exception as error:  # the trace does not replay on this task: a failed candidate
-                result.error = f"build: cannot apply the schedule: {error_line(error)}"
-                builds.append(None)
-                continue
-            builds.append(self.builders.submit(worker.build, mod_json, self.target_json, self.artifact_dir))
-        paths: list[str | None] = []
-        for result, future in zip(results, builds):
-            path = None
-            if future is not None:
-                try:
-                    path, result.build_secs = future.result()
-                except Exception as error:
-                    result.error = "build: " + _describe(error, self.build_timeout)
-            paths.append(path)
-        for result, path in zip(results, paths):
-            if path is None:
-                continue
+    def run(self, task: Task, artifacts: Sequence[Artifact], profilers: Sequence[Profiler]) -> list[MeasureResult]:
+        concurrent.futures.wait(self.warmup)
+        results = []
+        for artifact in artifacts:
+            result = MeasureResult(build_secs=artifact.build_secs)
             best = self.best.get(task.task_id)
             screen_above = best * self.screen if best is not None and self.screen > 0 else None
             try:
-                result.run_secs = self.runner.submit(
-                    worker.run, path, self.target_json, task.args, self.evaluator, screen_above
+                result.run_secs = self.pool.submit(
+                    worker.run, artifact.path, self.target_json, task.args, self.evaluator, screen_above
                 ).result()
             except Exception as error:
-                result.error = "run: " + _describe(error, self.run_timeout)
-            _remove(path)
+                result.error = "run: " + _describe(error, self.timeout)
+            for profiler in profilers:
+                result.profile.update(profiler.profile(task, artifact, result))
             if result.latency is not None:
                 self.best[task.task_id] = min(result.latency, best or result.latency)
-        per_candidate = (time.perf_counter() - started) / max(1, len(results))
+            results.append(result)
+        return results
+
+    def close(self) -> None:
+        concurrent.futures.wait(self.warmup, timeout=self.timeout)
+        self.pool.shutdown(wait=False)
+
+
+class LocalMeasurer(Measurer):
+    """A builder and a runner (``local`` and ``local`` unless chosen by option), with profilers."""
+
+    name = "local"
+    target_kinds = _LOCAL_KINDS
+
+    def __init__(self, target: Any, *, builder: str = "local", runner: str = "local",
+                 profilers: Sequence[str] = (), registry: Any = None, **options: Any):
+        super().__init__(target)
+        from tunecore.registry import Registry
+
+        registry = registry or Registry()
+        builder_cls, runner_cls = registry.get("builder", builder), registry.get("runner", runner)
+        for role, cls in (("builder", builder_cls), ("runner", runner_cls)):
+            reason = cls.unsupported_reason(target)
+            if reason:
+                raise TypeError(f"{role} '{cls.name}' cannot be used with target {target.kind.name}: {reason}")
+        builder_options, runner_options = _accepted(builder_cls, options), _accepted(runner_cls, options)
+        taken = builder_options.keys() | runner_options.keys()
+        reject_unknown_options("measurer", self.name, {k: v for k, v in options.items() if k not in taken})
+        self.profilers = [registry.get("profiler", name)() for name in profilers]
+        self.builder = builder_cls(target, **builder_options)
+        try:
+            self.runner = runner_cls(target, **runner_options)
+        except BaseException:
+            self.builder.close()
+            raise
+        self.capacity = self.runner.capacity
+
+    @classmethod
+    def unsupported_reason(cls, target: Any) -> str | None:
+        # the default parts; other parts are checked when chosen
+        return super().unsupported_reason(target) or LocalRunner.unsupported_reason(target)
+
+    def device(self) -> dict[str, Any]:
+        return self.runner.device()
+
+    def measure(self, task: Task, candidates: Sequence[Candidate]) -> list[MeasureResult]:
+        import tvm
+
+        started = time.perf_counter()
+        results: list[MeasureResult | None] = [None] * len(candidates)
+        mods, positions = [], []
+        for i, candidate in enumerate(candidates):
+            try:
+                mods.append(tvm.ir.save_json(candidate.mod))
+                positions.append(i)
+            except Exception as error:  # the trace does not replay on this task: a failed candidate
+                results[i] = MeasureResult(error=f"build: cannot apply the schedule: {error_line(error)}")
+        built = self.builder.build(mods)
+        artifacts = [(i, a) for i, a in zip(positions, built) if isinstance(a, Artifact)]
+        for i, failure in zip(positions, built):
+            if isinstance(failure, str):
+                results[i] = MeasureResult(error=failure)
+        try:
+            ran = self.runner.run(task, [a for _, a in artifacts], self.profilers)
+        finally:
+            for _, artifact in artifacts:
+                self.builder.discard(artifact)
+        for (i, _), result in zip(artifacts, ran):
+            results[i] = result
+        per_candidate = (time.perf_counter() - started) / max(1, len(candidates))
         for result in results:
             result.measure_secs = per_candidate
         return results
 
     def close(self) -> None:
-        # A worker still starting cannot be killed cleanly (TVM's PopenWorker has no pipes yet and
-        # the process would outlive us): let the warm-up pings finish first.
-        concurrent.futures.wait(self._warmup, timeout=self.build_timeout)
-        self.builders.shutdown(wait=False)
-        self.runner.shutdown(wait=False)
-        shutil.rmtree(self.artifact_dir, ignore_errors=True)
+        self.runner.close()
+        self.builder.close()
+        for profiler in self.profilers:
+            profiler.close()
+
+
+def _accepted(cls: type, options: dict[str, Any]) -> dict[str, Any]:
+    """The options ``cls``'s constructor names as keyword arguments."""
+    parameters = inspect.signature(cls.__init__).parameters
+    keyword_only = {k for k, p in parameters.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    return {k: v for k, v in options.items() if k in keyword_only}
 
 
 def _describe(error: BaseException, timeout: float) -> str:
@@ -132,12 +217,3 @@ def _describe(error: BaseException, timeout: float) -> str:
     if isinstance(error, ChildProcessError):
         return "the worker process crashed (e.g. a segmentation fault in the kernel)"
     return error_line(error)
-
-
-def _remove(path: str) -> None:
-    import os
-
-    try:
-        os.remove(path)
-    except OSError:
-        pass

@@ -16,22 +16,22 @@ from tunecore.testing.conformance import (
     SearchPolicyConformance,
 )
 from tunecore.testing.helpers import (
+    ArtifactSizeProfiler,
     InstantMeasurer,
     hashed_latency,
-    remeasure_together,
     sample_candidates,
     tiled_latency,
     tiny_task,
 )
 
 __all__ = [
+    "ArtifactSizeProfiler",
     "CostModelConformance",
     "InstantMeasurer",
     "MeasurerConformance",
     "RecordStoreConformance",
     "SearchPolicyConformance",
     "hashed_latency",
-    "remeasure_together",
     "sample_candidates",
     "tiled_latency",
     "tiny_task",

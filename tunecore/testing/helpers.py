@@ -6,7 +6,7 @@ import hashlib
 from typing import Any, Callable, Sequence
 
 from tunecore.data import Candidate, MeasureResult, Task
-from tunecore.roles import Measurer
+from tunecore.roles import Artifact, Measurer, Profiler
 
 
 def tiny_task(op: str = "matmul-64", target: Any = None) -> Task:
@@ -85,32 +85,17 @@ class InstantMeasurer(Measurer):
         return results
 
 
-def remeasure_together(task: Task, programs: dict[str, Sequence[Candidate]], passes: int = 8,
-                       seed: int = 0) -> dict[str, list[float]]:
-    """Latencies (seconds, per program, fastest first) of several groups of programs measured together.
+class ArtifactSizeProfiler(Profiler):
+    """A profiler for tests: the size of the built library, read where the runner runs it.
 
-    For comparing what different searches found: a machine's speed drifts (by 20% and more over
-    minutes on a shared VM), so latencies recorded during different runs are not comparable. Here
-    all programs of all groups are measured in each of ``passes`` passes, each pass in its own random
-    order, in one measurer, so that drift falls on every group alike; a program's latency is its
-    median over the passes (inf if it failed).
+    Proves the profiling path: the metric exists only if the artifact was still there when profiled.
+    Register it from a test plugin (``register(ArtifactSizeProfiler)`` in ``tunecore_register_profilers``)
+    and select it with ``profilers=["artifact-size"]``.
     """
-    import numpy as np
 
-    from tunecore.measure.local import LocalMeasurer
+    name = "artifact-size"
 
-    flat = [(name, c) for name, group in programs.items() for c in group]
-    timings = np.full((passes, len(flat)), np.inf)
-    order = np.random.default_rng(seed)
-    measurer = LocalMeasurer(task.target, screen=0, repeat=5, min_repeat_ms=50)
-    try:
-        for p in range(passes):
-            permutation = order.permutation(len(flat))
-            results = measurer.measure(task, [flat[j][1] for j in permutation])
-            for j, r in zip(permutation, results):
-                if r.latency is not None:
-                    timings[p, j] = r.latency
-    finally:
-        measurer.close()
-    medians = np.median(timings, axis=0)
-    return {name: sorted(float(m) for m, (n, _) in zip(medians, flat) if n == name) for name in programs}
+    def profile(self, task: Task, artifact: Artifact, result: MeasureResult) -> dict[str, float]:
+        import os
+
+        return {"artifact_bytes": float(os.path.getsize(artifact.path))}

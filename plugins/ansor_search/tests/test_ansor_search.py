@@ -10,7 +10,13 @@ from tunecore.interfaces import CostModel, MeasureResult, TaskContext
 from tunecore.registry import Registry
 from tunecore.space import DesignSpace
 from tunecore.store.sqlite import MemoryStore
-from tunecore.testing import InstantMeasurer, sample_candidates, tiny_task
+from tunecore.testing import (
+    CostModelConformance,
+    InstantMeasurer,
+    SearchPolicyConformance,
+    sample_candidates,
+    tiny_task,
+)
 from tunecore.testing.conformance import rank_correlation
 from tunecore.tuner import Tuner
 
@@ -53,7 +59,7 @@ def innermost_j(candidate):
     (["-O", "cost_model.rounds=0"], "rounds must be an integer >= 1"),
 ])
 def test_bad_options_are_one_line_and_exit_2(options, fragment):
-    from conftest import assert_one_line_exit_2, run_cli
+    from tunecore.testing.cli import assert_one_line_exit_2, run_cli
 
     result = run_cli("run", "--model", "op:matmul-64", "--trials", "4", "--search", "ansor", "--cost-model", "xgb",
                      "--store", "memory:", *options)
@@ -217,3 +223,14 @@ def test_ansor_with_xgb_finds_faster_programs_than_random_search_at_the_same_bud
         ratios.append(best["ansor"] / best["random"])
     print("ansor / random best per seed:", [round(r, 3) for r in ratios])
     assert max(ratios) <= 1.0 and float(np.median(ratios)) <= 0.8
+
+
+# The role contracts, as a third-party author would check them (settings: reproducible from the seed, quick).
+class TestAnsorIsASearchPolicy(SearchPolicyConformance):
+    name = "ansor"
+    options = {"population": 48, "iterations": 2}
+
+
+class TestXgbIsACostModel(CostModelConformance):
+    name = "xgb"
+    options = {"min_data": 4}

@@ -1,21 +1,23 @@
-"""What the benchmark scripts share: timed child processes for each tuner, the environment record, result files.
+"""What experiments (the scripts under bench/, `tunecore bench`) share: timed child processes for each tuner,
+timing things together so that the machine's drift falls on all alike, the environment record, result files.
 
 Each tuner runs in its own process and is timed from start to exit (imports and setup included):
 `run_tunecore` through the `tunecore run` command, `run_metaschedule` through `ms.tune_tir`
-(this file runs as that child with ``--_metaschedule``).
+(this module runs as that child with ``--_metaschedule``).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 # MetaSchedule's LocalBuilder starts a fresh process pool for every batch and each worker imports all
-# of tvm.s_tir.tensor_intrin first (37-46 s here): with the stock 30 s timeout every build times out.
+# of tvm.s_tir.tensor_intrin first: on a slow machine that alone exceeds the stock 30 s timeout.
 BUILDER_TIMEOUT_S = 600
 
 
@@ -75,8 +77,8 @@ def run_metaschedule(model: str, trials: int, seed: int, work_dir: str, *, strat
 
     ``builder_timeout=None`` keeps MetaSchedule's stock LocalBuilder.
     """
-    wall, out = run_timed([sys.executable, os.path.abspath(__file__), "--_metaschedule", model, str(trials), str(seed),
-                           work_dir, strategy, str(builder_timeout or 0)])
+    wall, out = run_timed([sys.executable, "-m", "tunecore.experiments", "--_metaschedule", model, str(trials),
+                           str(seed), work_dir, strategy, str(builder_timeout or 0)])
     return {"wall_s": wall, **json.loads(out.strip().splitlines()[-1]), "work_dir": work_dir}
 
 
@@ -124,17 +126,25 @@ def build_from_store(workload, tasks: list, target, store_file: str) -> tuple[An
     return build(workload, target, database), covered
 
 
-def alternating_passes(timers: dict[str, Callable[[], float]], passes: int) -> dict[str, list[float]]:
-    """Seconds from each timer in each pass, passes alternating forwards and backwards over the timers,
-    so that the machine's drift within a run hits them alike."""
+def passes_together(timers: dict[str, Callable[[], float]], passes: int,
+                    seed: int | None = None) -> dict[str, list[float]]:
+    """Seconds from each timer in each of ``passes`` passes over all of them, so that the machine's drift
+    within the experiment falls on every timer alike: passes alternate forwards and backwards over the
+    timers, or, with ``seed``, each pass takes its own random order."""
+    import random
+
     samples: dict[str, list[float]] = {name: [] for name in timers}
+    shuffle = random.Random(seed) if seed is not None else None
     for p in range(passes):
-        for name in list(timers) if p % 2 == 0 else list(reversed(timers)):
+        order = list(timers) if p % 2 == 0 else list(reversed(timers))
+        if shuffle is not None:
+            shuffle.shuffle(order)
+        for name in order:
             samples[name].append(timers[name]())
     return samples
 
 
-def time_together(model: str, stores: dict[str, str], passes: int) -> dict:
+def time_builds_together(model: str, stores: dict[str, str], passes: int) -> dict:
     """Build untuned + one build per store; check outputs; median latency over alternating passes."""
     import numpy as np
     from tvm.s_tir import meta_schedule as ms
@@ -158,23 +168,81 @@ def time_together(model: str, stores: dict[str, str], passes: int) -> dict:
         builds[name] = {"tasks_tuned": covered, "tasks_total": len(tasks),
                         "max_relative_error": max_relative_error(runnables[name].outputs(), expected)}
     # every build timed the same way: one sample per pass, as many calls as fill a second (one for a slow build)
-    samples = alternating_passes({name: (lambda r=r: r.time(1, min_repeat_ms=1000)) for name, r in runnables.items()},
-                                 passes)
+    samples = passes_together({name: (lambda r=r: r.time(1, min_repeat_ms=1000)) for name, r in runnables.items()},
+                              passes)
     return {name: {"latency_ms": float(np.median(s)) * 1e3, "passes_ms": [x * 1e3 for x in s], **builds.get(name, {})}
             for name, s in samples.items()}
 
 
-def environment() -> dict:
-    """CPU, cores, target, device attributes, versions and plugins (as `tunecore bench` records them)."""
-    from tunecore.bench import environment as bench_environment
-    from tunecore.targets import resolve_target
+def remeasure_together(task: Any, programs: dict[str, Sequence[Any]], passes: int = 8,
+                       seed: int = 0) -> dict[str, list[float]]:
+    """Latencies (seconds, per program, fastest first) of several groups of programs measured together.
 
-    return bench_environment(resolve_target("llvm"))
+    For comparing what different searches found: a machine's speed drifts (by 20% and more over
+    minutes on a shared VM), so latencies recorded during different runs are not comparable. Here
+    every program of every group is measured in each of ``passes`` passes, each pass in its own random
+    order, by one measurer; a program's latency is its median over the passes (inf if it failed).
+    """
+    import numpy as np
+
+    from tunecore.measure.local import LocalMeasurer
+
+    flat = {f"{name}/{i}": candidate for name, group in programs.items() for i, candidate in enumerate(group)}
+    measurer = LocalMeasurer(task.target, screen=0, repeat=5, min_repeat_ms=50)
+
+    def timer(candidate: Any) -> Callable[[], float]:
+        return lambda: measurer.measure(task, [candidate])[0].latency or float("inf")
+
+    try:
+        samples = passes_together({key: timer(c) for key, c in flat.items()}, passes, seed=seed)
+    finally:
+        measurer.close()
+    return {name: sorted(float(np.median(samples[f"{name}/{i}"])) for i in range(len(group)))
+            for name, group in programs.items()}
+
+
+def environment(target: Any = None) -> dict[str, Any]:
+    """Where an experiment ran: CPU, cores, target (default: this machine), device, versions, installed plugins."""
+    import importlib.metadata
+    import platform
+
+    from tunecore.registry import describe_plugins
+    from tunecore.targets import device_descriptor, resolve_target
+    from tunecore.tvmjson import target_to_json
+
+    target = target if target is not None else resolve_target("llvm")
+    device = device_descriptor(target)
+    return {
+        "cpu": device.get("cpu") or platform.processor(),
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "target": json.loads(target_to_json(target)),
+        "device": device,
+        "versions": {d: importlib.metadata.version(d) for d in ("apache-tvm", "apache-tvm-ffi", "tunecore")},
+        "plugins": describe_plugins(),
+    }
+
+
+def script_parser(doc: str, script: str) -> argparse.ArgumentParser:
+    """The argument parser of a benchmark script: described by its docstring's first line, with ``--out``
+    (default: the ``results`` folder beside the script)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(script)), "results"),
+                        help="where <name>.json and <name>.md are written (default: %(default)s)")
+    return parser
 
 
 def command_line(script: str) -> str:
     """How this benchmark was invoked, for the report."""
     return " ".join(["python", f"bench/{script}", *sys.argv[1:]])
+
+
+def environment_line(report: dict, threads: int | None = None) -> str:
+    """The line of a results markdown that says where and how it was measured."""
+    env = report["environment"]
+    cores = f"{env['cores']} cores" + (f", kernels on {threads} threads" if threads is not None else "")
+    return (f"CPU: {env['cpu']} ({cores}), target `{json.dumps(env['target'])}`, "
+            f"TVM {env['versions']['apache-tvm']}. Command: `{report['command']}`.")
 
 
 def write_results(out_dir: str, name: str, report: dict, markdown: str) -> None:

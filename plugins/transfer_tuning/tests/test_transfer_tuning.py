@@ -11,7 +11,7 @@ from tunecore.chain import SearchChain
 from tunecore.interfaces import Candidate, CostModel, MeasureResult, Record
 from tunecore.registry import Registry
 from tunecore.store.sqlite import MemoryStore
-from tunecore.testing import InstantMeasurer, sample_candidates
+from tunecore.testing import InstantMeasurer, SearchPolicyConformance, sample_candidates
 from tunecore.testing.helpers import tiny_task
 from tunecore.tuner import Tuner
 from tunecore_transfer_tuning.search import refit_tile
@@ -196,9 +196,8 @@ def test_then_continues_from_the_transferred_schedules():
 
 
 def test_cli_transfers_from_a_store_filled_by_an_earlier_run(tmp_path):
-    from conftest import run_cli
-
     from tunecore.store.sqlite import SqliteStore
+    from tunecore.testing.cli import run_cli
 
     store = str(tmp_path / "donors.db")
     donor = run_cli("run", "--model", "op:matmul-64", "--trials", "6", "--store", store, "--json")
@@ -234,7 +233,13 @@ def test_cli_transfers_from_a_store_filled_by_an_earlier_run(tmp_path):
      "unknown option(s) for search 'random'"),
 ])
 def test_bad_input_is_one_line_and_exit_2(options, fragment):
-    from conftest import assert_one_line_exit_2, run_cli
+    from tunecore.testing.cli import assert_one_line_exit_2, run_cli
 
     result = run_cli("run", "--model", "op:matmul-64", "--trials", "4", "--store", "memory:", *options)
     assert_one_line_exit_2(result, fragment)
+
+
+# The search policy contract, as a third-party author would check it.
+class TestTransferIsASearchPolicy(SearchPolicyConformance):
+    name = "transfer"
+    options = {"per_donor": 8}
