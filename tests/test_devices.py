@@ -70,3 +70,29 @@ def test_a_schema_1_store_is_upgraded_in_place_and_keeps_its_records(tmp_path):
     assert [r.device_id for r in records[:4]] == [None] * 4
     (new_device,) = {r.device_id for r in records[4:]}
     assert devices[new_device]["cpu"] == _cpuinfo("model name")
+
+
+def test_cost_models_learn_which_device_each_result_came_from(tmp_path, target):
+    from tunecore.builtin.none_model import NoneModel
+    from tunecore.builtin.random_search import RandomSearch
+    from tunecore.testing import InstantMeasurer
+    from tunecore.tuner import Tuner
+
+    class Recording(NoneModel):
+        seen = []
+
+        def update(self, task, candidates, results):
+            self.seen.append((self.device, [r.device for r in results]))
+
+    path = tmp_path / "old.db"
+    shutil.copy(STORE_V1, path)
+    store = SqliteStore(str(path))
+    (task,) = store.get_tasks(model="op:matmul-64")
+    model = Recording()
+    Tuner(search=RandomSearch(cost_model=model, store=store), cost_model=model, store=store,
+          measurer=InstantMeasurer(target)).tune([task], 8, {"model": "op:matmul-64"})
+    store.close()
+    host = device_descriptor(target)
+    (warm_start, *rounds) = Recording.seen
+    assert warm_start == (host, [None] * 4)  # the old records: device unknown
+    assert rounds and all(device == host and devices == [host] * len(devices) for device, devices in rounds)

@@ -135,6 +135,7 @@ class MeasureResult:
     build_secs: float = 0.0
     profile: dict[str, float] = dataclasses.field(default_factory=dict)
     measure_secs: float = 0.0  # wall time the measurer spent on this candidate's batch, divided by its size
+    device: dict[str, Any] | None = None  # what it was measured on (Measurer.device()); None: unknown
 
     @property
     def latency(self) -> float | None:
@@ -182,5 +183,6 @@ class Record:
     def candidate(self, task: Task) -> Candidate:
         return Candidate(task, self.trace_json, self.key, self.origin)
 
-    def result(self) -> MeasureResult:
-        return MeasureResult(self.run_secs, self.error, self.build_secs, dict(self.profile))
+    def result(self, device: dict[str, Any] | None = None) -> MeasureResult:
+        """The measurement as a result; ``device``: the description of ``device_id`` (RecordStore.devices)."""
+        return MeasureResult(self.run_secs, self.error, self.build_secs, dict(self.profile), device=device)

@@ -95,6 +95,10 @@ class CostModel(Component):
     def __init__(self, *, seed: int = 0, **options: Any):
         reject_unknown_options("cost model", self.name, options)
         self.seed = seed
+        # The device the run measures on (Measurer.device()), set by the tuner before the first
+        # ``update``: ``predict`` ranks candidates for it. Each result given to ``update`` carries the
+        # device it was measured on in ``result.device`` (records from the store: other machines too).
+        self.device: dict[str, Any] | None = None
 
     @abc.abstractmethod
     def update(self, task: Task, candidates: Sequence[Candidate], results: Sequence[MeasureResult]) -> None:

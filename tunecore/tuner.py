@@ -184,7 +184,8 @@ class Tuner:
         budget = max(0, trials - already)
         round_size = self.round_size or default_round_size(budget, len(tasks), self.measurer.capacity)
         info.update(trials=trials, seed=self.seed, scheduler=self.scheduler_name, round_size=round_size)
-        device = self.measurer.device()
+        self.device = device = self.measurer.device()
+        self.cost_model.device = device
         run_id = self.store.start_run(dict(info, device=device))
         run = dict(info, run_id=run_id, device=device)
         self.hooks.tunecore_on_run_start(run=run, tasks=list(tasks))
@@ -228,11 +229,13 @@ class Tuner:
         return states
 
     def _warm_start(self, states: list[TaskState]) -> None:
-        """Teach the cost model what the store already knows about these tasks."""
+        """Teach the cost model what the store already knows about these tasks (on whichever device)."""
+        devices = self.store.devices()
         for state in states:
             if state.history:
                 task, records = state.task, state.history
-                self.cost_model.update(task, [r.candidate(task) for r in records], [r.result() for r in records])
+                self.cost_model.update(task, [r.candidate(task) for r in records],
+                                       [r.result(devices.get(r.device_id)) for r in records])
 
     def _round(self, state: TaskState, n: int, trial_base: int, run_id: int) -> list[Record]:
         task = state.task
@@ -250,6 +253,8 @@ class Tuner:
             state.done_reason = f"search '{self.search.name}' has no new candidates"
             return []
         results = self.measurer.measure(task, candidates)
+        for result in results:
+            result.device = result.device or self.device
         self.hooks.tunecore_on_measured(task=task, candidates=candidates, results=results)
         clock = self._spent("measure", clock)
         now = time.time()
