@@ -173,6 +173,8 @@ def _guide_example(name):
 
 _COMMAND_MODULE = _guide_example("command-plugin")
 
+_PROFILER_MODULE = _guide_example("profiler-plugin")
+
 _CLASHING_COMMAND_MODULE = '''
 from tunecore import hookimpl
 
@@ -211,6 +213,7 @@ def plugin_site(tmp_path_factory):
         _write_project(root, "tunecore-misspelled", "tunecore_misspelled", _MISSPELLED_MODULE),
         _write_project(root, "tunecore-hello", "tunecore_hello", _COMMAND_MODULE),
         _write_project(root, "tunecore-clash", "tunecore_clash", _CLASHING_COMMAND_MODULE),
+        _write_project(root, "tunecore-artifact-size", "tunecore_artifact_size", _PROFILER_MODULE),
     ]
     site = root / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site),
@@ -280,3 +283,20 @@ def test_a_plugin_adds_a_command(plugin_site):
 def test_a_command_name_taken_twice_names_both_distributions(plugin_site):
     result = run_cli("tasks", "--help", env=_env(plugin_site, "tunecore_clash"))
     assert_one_line_exit_2(result, "command 'run' is registered twice: by tunecore and by tunecore-clash")
+
+
+def test_a_plugin_profiler_adds_metrics_to_every_record(plugin_site, tmp_path):
+    from tunecore.store.sqlite import SqliteStore
+
+    env, store = _env(plugin_site, "tunecore_artifact_size"), str(tmp_path / "s.db")
+    run = run_cli("run", "--model", "op:matmul-64", "--trials", "3", "--store", store, "--json",
+                  "-O", 'measurer.profilers=["artifact-size"]', env=env)
+    assert run.returncode == 0, run.stderr
+    opened = SqliteStore(store)
+    (task,) = opened.get_tasks()
+    records = opened.records(task.task_id)
+    opened.close()
+    assert len(records) == 3 and all(r.profile["artifact_bytes"] > 1000 for r in records)
+    unknown = run_cli("run", "--model", "op:matmul-64", "--trials", "1", "--store", "memory:",
+                      "-O", 'measurer.profilers=["ncu"]', env=env)
+    assert_one_line_exit_2(unknown, "unknown profiler 'ncu'; installed: artifact-size")

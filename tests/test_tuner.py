@@ -6,9 +6,10 @@ import pytest
 
 from tunecore.builtin.none_model import NoneModel
 from tunecore.builtin.random_search import RandomSearch
+from tunecore.schedulers import UNMEASURED, GradientScheduler, RoundRobinScheduler, TaskState
 from tunecore.store.sqlite import MemoryStore
 from tunecore.testing import InstantMeasurer
-from tunecore.tuner import UNMEASURED, GradientScheduler, RoundRobinScheduler, TaskState, Tuner, default_round_size
+from tunecore.tuner import Tuner, default_round_size
 
 
 def _tuner(store, target, seed=0, **kwargs):

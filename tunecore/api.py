@@ -19,7 +19,8 @@ from tunecore.roles import CostModel, Measurer, RecordStore, SearchPolicy
 from tunecore.store import DEFAULT_STORE, parse_store_url
 
 if TYPE_CHECKING:
-    from tunecore.tuner import RoundReport, RunSummary
+    from tunecore.summary import RunSummary
+    from tunecore.tuner import RoundReport
 
 
 @dataclasses.dataclass

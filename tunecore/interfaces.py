@@ -10,15 +10,20 @@ from tunecore.options import check_options, is_int, is_number
 from tunecore.roles import (
     ROLE_LABELS,
     ROLES,
+    Artifact,
+    Builder,
     Component,
     CostModel,
     Measurer,
+    Profiler,
     RecordStore,
+    Runner,
     SearchPolicy,
     TaskContext,
 )
 
 __all__ = [
-    "ROLES", "ROLE_LABELS", "Candidate", "Component", "CostModel", "MeasureResult", "Measurer", "Record", "RecordStore",
-    "SearchPolicy", "Task", "TaskContext", "check_options", "distinct", "is_int", "is_number",
+    "ROLES", "ROLE_LABELS", "Artifact", "Builder", "Candidate", "Component", "CostModel", "MeasureResult", "Measurer",
+    "Profiler", "Record", "RecordStore", "Runner", "SearchPolicy", "Task", "TaskContext", "check_options", "distinct",
+    "is_int", "is_number",
 ]

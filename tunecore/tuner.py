@@ -1,4 +1,4 @@
-"""The tuning loop and the task schedulers.
+"""The tuning loop (task states and schedulers: tunecore.schedulers; the run summary: tunecore.summary).
 
 A round: the scheduler picks a task -> the search policy proposes candidates -> the measurer builds
 and runs them -> the store commits every result -> the cost model and the policy learn from them.
@@ -14,115 +14,18 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import time
-from typing import Any, Callable, Sequence, TypedDict
-
-import numpy as np
+from typing import Any, Callable, Sequence
 
 from tunecore.data import Record, Task, distinct
 from tunecore.roles import CostModel, Measurer, RecordStore, SearchPolicy, TaskContext
+from tunecore.schedulers import SCHEDULERS, TaskState
+from tunecore.summary import RunSummary, estimated_latency, summarize
 
 PHASES = ("search", "measure", "store", "learn")
-UNMEASURED = 1e10  # seconds; the latency a task without any successful record counts as
-_GIVE_UP_AFTER_FAILED_ROUNDS = 3
-
-
 def derive_seed(*parts: Any) -> int:
     """A 31-bit seed from a base seed and names, stable across processes and machines."""
     digest = hashlib.sha256("|".join(map(str, parts)).encode()).digest()
     return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
-
-
-@dataclasses.dataclass(eq=False)
-class TaskState:
-    task: Task
-    trials: int = 0  # records in the store, failures included
-    errors: int = 0
-    rounds: int = 0
-    best: float = UNMEASURED
-    best_history: list[float] = dataclasses.field(default_factory=list)  # best after each round
-    failed_rounds: int = 0  # consecutive rounds without a single success, while best is UNMEASURED
-    measured: set[str] = dataclasses.field(default_factory=set)
-    history: list[Record] = dataclasses.field(default_factory=list)  # stored before this run; dropped once started
-    started: bool = False
-    done_reason: str | None = None  # why the task gets no more rounds ("exhausted", "all candidates fail")
-
-    def add_round(self, records: Sequence[Record]) -> None:
-        self.rounds += 1
-        self.trials += len(records)
-        for r in records:
-            self.measured.add(r.key)
-            if r.latency is None:
-                self.errors += 1
-            else:
-                self.best = min(self.best, r.latency)
-        self.best_history.append(self.best)
-        if self.best >= UNMEASURED and records:
-            self.failed_rounds += 1
-            if self.failed_rounds >= _GIVE_UP_AFTER_FAILED_ROUNDS:
-                self.done_reason = "every candidate failed"
-
-
-class RoundRobinScheduler:
-    """Tasks in turn."""
-
-    name = "round-robin"
-
-    def __init__(self, states: list[TaskState], seed: int = 0):
-        self.states = states
-
-    def next(self) -> TaskState | None:
-        alive = [s for s in self.states if s.done_reason is None]
-        if not alive:
-            return None
-        return min(alive, key=lambda s: (s.rounds, self.states.index(s)))
-
-
-class GradientScheduler(RoundRobinScheduler):
-    """Ansor's task scheduler (Zheng et al., OSDI'20, section 6).
-
-    Minimises the end-to-end latency estimate f = sum_i w_i * g_i (g_i: best latency of task i).
-    After every task had one round, it picks the task whose next round is expected to reduce f
-    most, estimating dg_i/dt from the task's recent progress (backward window) and from what a
-    similar task of the same kernel class achieves (optimistic forward guess); with probability
-    ``eps`` it picks a random task instead.
-    """
-
-    name = "gradient"
-
-    def __init__(self, states: list[TaskState], seed: int = 0, alpha: float = 0.2, beta: float = 2.0,
-                 backward_window: int = 3, eps: float = 0.05):
-        super().__init__(states)
-        self.alpha, self.beta, self.window, self.eps = alpha, beta, backward_window, eps
-        self.rng = np.random.default_rng(seed)
-
-    def next(self) -> TaskState | None:
-        alive = [s for s in self.states if s.done_reason is None]
-        if not alive:
-            return None
-        unstarted = [s for s in alive if s.rounds == 0]
-        if unstarted:  # warm-up: one round each
-            return unstarted[0]
-        if self.rng.random() < self.eps:
-            return alive[int(self.rng.integers(len(alive)))]
-        gradients = [self._gradient(s) for s in alive]
-        if max(gradients) == min(gradients):
-            return alive[int(self.rng.integers(len(alive)))]
-        return alive[int(np.argmin(gradients))]
-
-    def _gradient(self, s: TaskState) -> float:
-        chain = s.task.weight  # df/dg_i for f = sum w_i g_i
-        history = s.best_history
-        backward = (history[-1] - history[-1 - self.window]) / self.window if len(history) > self.window else 0.0
-        optimistic = s.best - s.best / s.rounds
-        peers = [p for p in self.states if p.task.kernel_class == s.task.kernel_class and p.best < UNMEASURED]
-        if len(peers) > 1 and s.task.flops > 0:
-            best_throughput = max(p.task.flops / p.best for p in peers)
-            optimistic = min(optimistic, self.beta * s.task.flops / best_throughput)
-        forward = optimistic - s.best
-        return chain * (self.alpha * backward + (1 - self.alpha) * forward)
-
-
-SCHEDULERS = {cls.name: cls for cls in (GradientScheduler, RoundRobinScheduler)}
 
 
 def default_round_size(budget: int, n_tasks: int, capacity: int = 1) -> int:
@@ -287,70 +190,3 @@ def _same_workload(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return a.get("model") == b.get("model") and run_key(a) == run_key(b)
 
 
-def estimated_latency(states: Sequence[TaskState]) -> float | None:
-    if not states or any(s.best >= UNMEASURED for s in states):
-        return None
-    return sum(s.task.weight * s.best for s in states)
-
-
-class TaskSummary(TypedDict):
-    name: str
-    task_id: str
-    kernel_class: str
-    weight: int
-    flops: float
-    trials: int  # records in the store, failures included, earlier runs included
-    errors: int
-    best_latency_s: float | None  # None: no successful record
-    gflops: float | None
-    stopped: str | None  # why the task got no more rounds, if it stopped early
-    search_report: dict[str, Any]  # what the search policy has to say about the task (e.g. transfer: the donor)
-
-
-class RunSummary(TypedDict):
-    """How a run ended: what ``tunecore run --json`` prints and the store keeps with the run."""
-
-    run_id: int
-    model: str
-    target: str  # canonical JSON
-    search: str
-    cost_model: str
-    measurer: str
-    store: str
-    seed: int
-    status: str  # "finished", "interrupted" or "failed"
-    trials_requested: int
-    trials_measured: int  # by this run
-    errors: int  # of this run
-    trials_total: int  # in the store for these tasks
-    errors_total: int
-    elapsed_s: float
-    # where the time of the rounds went: proposing, measuring (+ profiling hooks), committing,
-    # and the cost model and search learning from the results
-    phase_s: dict[str, float]
-    estimated_latency_ms: float | None  # sum of weight x best; None while a task has no success
-    tasks: list[TaskSummary]
-
-
-def summarize(states: Sequence[TaskState], run: dict[str, Any], *, measured: int, errors: int, elapsed: float,
-              status: str, phase_seconds: dict[str, float] | None = None,
-              search: SearchPolicy | None = None) -> RunSummary:
-    total = estimated_latency(states)
-    return RunSummary(
-        run_id=run["run_id"], model=run.get("model", ""), target=run.get("target", ""), search=run.get("search", ""),
-        cost_model=run.get("cost_model", ""), measurer=run.get("measurer", ""), store=run.get("store", ""),
-        seed=run.get("seed", 0), status=status, trials_requested=run.get("trials", 0), trials_measured=measured,
-        errors=errors, trials_total=sum(s.trials for s in states), errors_total=sum(s.errors for s in states),
-        elapsed_s=round(elapsed, 3), phase_s={k: round(v, 3) for k, v in (phase_seconds or {}).items()},
-        estimated_latency_ms=None if total is None else total * 1e3,
-        tasks=[
-            TaskSummary(
-                name=s.task.name, task_id=s.task.task_id, kernel_class=s.task.kernel_class, weight=s.task.weight,
-                flops=s.task.flops, trials=s.trials, errors=s.errors,
-                best_latency_s=None if s.best >= UNMEASURED else s.best,
-                gflops=None if s.best >= UNMEASURED or not s.task.flops else s.task.flops / s.best / 1e9,
-                stopped=s.done_reason, search_report=search.task_report(s.task) if search is not None else {},
-            )
-            for s in states
-        ],
-    )

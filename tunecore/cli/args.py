@@ -22,7 +22,7 @@ def add_common(p: argparse.ArgumentParser, *, model: bool = True, target: bool =
 
 def add_tuning(p: argparse.ArgumentParser) -> None:
     """How candidates are measured and trials spread over tasks (``run`` and ``bench``)."""
-    from tunecore.tuner import SCHEDULERS
+    from tunecore.schedulers import SCHEDULERS
 
     p.add_argument("--measurer", default="local", help="measurer (see `tunecore plugins`)")
     p.add_argument("--scheduler", choices=sorted(SCHEDULERS), default="gradient",

@@ -1,0 +1,106 @@
+"""Per-task tuning state, and the schedulers that decide which task gets the next round."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+from tunecore.data import Record, Task
+
+UNMEASURED = 1e10  # seconds; the latency a task without any successful record counts as
+_GIVE_UP_AFTER_FAILED_ROUNDS = 3
+
+
+@dataclasses.dataclass(eq=False)
+class TaskState:
+    task: Task
+    trials: int = 0  # records in the store, failures included
+    errors: int = 0
+    rounds: int = 0
+    best: float = UNMEASURED
+    best_history: list[float] = dataclasses.field(default_factory=list)  # best after each round
+    failed_rounds: int = 0  # consecutive rounds without a single success, while best is UNMEASURED
+    measured: set[str] = dataclasses.field(default_factory=set)
+    history: list[Record] = dataclasses.field(default_factory=list)  # stored before this run; dropped once started
+    started: bool = False
+    done_reason: str | None = None  # why the task gets no more rounds ("exhausted", "all candidates fail")
+
+    def add_round(self, records: Sequence[Record]) -> None:
+        self.rounds += 1
+        self.trials += len(records)
+        for r in records:
+            self.measured.add(r.key)
+            if r.latency is None:
+                self.errors += 1
+            else:
+                self.best = min(self.best, r.latency)
+        self.best_history.append(self.best)
+        if self.best >= UNMEASURED and records:
+            self.failed_rounds += 1
+            if self.failed_rounds >= _GIVE_UP_AFTER_FAILED_ROUNDS:
+                self.done_reason = "every candidate failed"
+
+
+class RoundRobinScheduler:
+    """Tasks in turn."""
+
+    name = "round-robin"
+
+    def __init__(self, states: list[TaskState], seed: int = 0):
+        self.states = states
+
+    def next(self) -> TaskState | None:
+        alive = [s for s in self.states if s.done_reason is None]
+        if not alive:
+            return None
+        return min(alive, key=lambda s: (s.rounds, self.states.index(s)))
+
+
+class GradientScheduler(RoundRobinScheduler):
+    """Ansor's task scheduler (Zheng et al., OSDI'20, section 6).
+
+    Minimises the end-to-end latency estimate f = sum_i w_i * g_i (g_i: best latency of task i).
+    After every task had one round, it picks the task whose next round is expected to reduce f
+    most, estimating dg_i/dt from the task's recent progress (backward window) and from what a
+    similar task of the same kernel class achieves (optimistic forward guess); with probability
+    ``eps`` it picks a random task instead.
+    """
+
+    name = "gradient"
+
+    def __init__(self, states: list[TaskState], seed: int = 0, alpha: float = 0.2, beta: float = 2.0,
+                 backward_window: int = 3, eps: float = 0.05):
+        super().__init__(states)
+        self.alpha, self.beta, self.window, self.eps = alpha, beta, backward_window, eps
+        self.rng = np.random.default_rng(seed)
+
+    def next(self) -> TaskState | None:
+        alive = [s for s in self.states if s.done_reason is None]
+        if not alive:
+            return None
+        unstarted = [s for s in alive if s.rounds == 0]
+        if unstarted:  # warm-up: one round each
+            return unstarted[0]
+        if self.rng.random() < self.eps:
+            return alive[int(self.rng.integers(len(alive)))]
+        gradients = [self._gradient(s) for s in alive]
+        if max(gradients) == min(gradients):
+            return alive[int(self.rng.integers(len(alive)))]
+        return alive[int(np.argmin(gradients))]
+
+    def _gradient(self, s: TaskState) -> float:
+        chain = s.task.weight  # df/dg_i for f = sum w_i g_i
+        history = s.best_history
+        backward = (history[-1] - history[-1 - self.window]) / self.window if len(history) > self.window else 0.0
+        optimistic = s.best - s.best / s.rounds
+        peers = [p for p in self.states if p.task.kernel_class == s.task.kernel_class and p.best < UNMEASURED]
+        if len(peers) > 1 and s.task.flops > 0:
+            best_throughput = max(p.task.flops / p.best for p in peers)
+            optimistic = min(optimistic, self.beta * s.task.flops / best_throughput)
+        forward = optimistic - s.best
+        return chain * (self.alpha * backward + (1 - self.alpha) * forward)
+
+
+SCHEDULERS = {cls.name: cls for cls in (GradientScheduler, RoundRobinScheduler)}
