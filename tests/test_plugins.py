@@ -101,9 +101,15 @@ def test_incompatible_target_is_refused_before_work(target):
     import tvm
 
     if not tvm.cuda().exist:
+        # the measurer's parts decide: the local runner needs the device here (a remote runner would not)
+        registry.check_target(cuda, measurer="local")
         with pytest.raises(PluginError,
-                           match="measurer 'local' cannot be used with target cuda: there is no cuda device"):
-            registry.check_target(cuda, measurer="local")
+                           match="runner 'local' cannot be used with target cuda: there is no cuda device"):
+            registry.check_target(cuda, runner="local")
+        from tunecore.measure.local import LocalMeasurer
+
+        with pytest.raises(PluginError, match="runner 'local' cannot be used with target cuda"):
+            LocalMeasurer(cuda, registry=registry)
     registry.check_target(target, search="random", cost_model="none", measurer="local")
 
 

@@ -202,3 +202,29 @@ def test_a_broken_measurer_ends_the_run_as_failed(matmul_task, target):
         tuner.tune([matmul_task], 8)
     (run,) = store.runs()
     assert run["summary"]["status"] == "failed" and run["summary"]["trials_measured"] == 0
+
+
+def test_runs_of_old_bench_cells_keep_counting_under_their_run_key():
+    from tunecore.tuner import _same_workload, run_key
+
+    assert run_key({"bench_cell": "m | random | none | seed 0"}) == "m | random | none | seed 0"
+    assert run_key({"run_key": "k"}) == "k" and run_key({}) is None
+    assert _same_workload({"model": "m", "bench_cell": "c"}, {"model": "m", "run_key": "c"})
+    assert not _same_workload({"model": "m", "run_key": "c"}, {"model": "m", "run_key": "d"})
+
+
+def test_rounds_grow_with_the_measurers_capacity(matmul_task, target):
+    from tunecore.builtin.none_model import NoneModel
+    from tunecore.builtin.random_search import RandomSearch
+    from tunecore.store.sqlite import MemoryStore
+
+    class Fleet(InstantMeasurer):
+        capacity = 4
+
+    sizes = []
+    for measurer in (InstantMeasurer(target), Fleet(target)):
+        store, model = MemoryStore(), NoneModel()
+        Tuner(search=RandomSearch(cost_model=model, store=store), cost_model=model, store=store,
+              measurer=measurer).tune([matmul_task], 200)
+        sizes.append(store.runs()[-1]["info"]["round_size"])
+    assert sizes == [32, 100]  # 200 trials of one task: capped at 32 per device, else half the budget

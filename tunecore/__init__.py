@@ -3,4 +3,4 @@
 from tunecore.hookspecs import hookimpl
 
 __all__ = ["hookimpl"]
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -126,19 +126,24 @@ def build_from_store(workload, tasks: list, target, store_file: str) -> tuple[An
     return build(workload, target, database), covered
 
 
+def pass_orders(names: Sequence[str], passes: int, seed: int | None = None) -> list[list[str]]:
+    """The order of ``names`` in each of ``passes`` passes, so that the machine's drift within an experiment
+    falls on all of them alike: alternately forwards and backwards, or, with ``seed``, a random
+    permutation per pass (numpy's generator, so that a seed gives the same orders everywhere)."""
+    import numpy as np
+
+    names = list(names)
+    if seed is None:
+        return [names if p % 2 == 0 else names[::-1] for p in range(passes)]
+    rng = np.random.default_rng(seed)
+    return [[names[j] for j in rng.permutation(len(names))] for _ in range(passes)]
+
+
 def passes_together(timers: dict[str, Callable[[], float]], passes: int,
                     seed: int | None = None) -> dict[str, list[float]]:
-    """Seconds from each timer in each of ``passes`` passes over all of them, so that the machine's drift
-    within the experiment falls on every timer alike: passes alternate forwards and backwards over the
-    timers, or, with ``seed``, each pass takes its own random order."""
-    import random
-
+    """Seconds from each timer in each pass over all of them, in the orders of ``pass_orders``."""
     samples: dict[str, list[float]] = {name: [] for name in timers}
-    shuffle = random.Random(seed) if seed is not None else None
-    for p in range(passes):
-        order = list(timers) if p % 2 == 0 else list(reversed(timers))
-        if shuffle is not None:
-            shuffle.shuffle(order)
+    for order in pass_orders(list(timers), passes, seed):
         for name in order:
             samples[name].append(timers[name]())
     return samples
@@ -178,8 +183,8 @@ def remeasure_together(task: Any, programs: dict[str, Sequence[Any]], passes: in
                        seed: int = 0) -> dict[str, list[float]]:
     """Latencies (seconds, per program, fastest first) of several groups of programs measured together.
 
-    For comparing what different searches found: a machine's speed drifts (by 20% and more over
-    minutes on a shared VM), so latencies recorded during different runs are not comparable. Here
+    For comparing what different searches found: a machine's speed drifts (a shared VM's within
+    minutes), so latencies recorded during different runs are not comparable. Here
     every program of every group is measured in each of ``passes`` passes, each pass in its own random
     order, by one measurer; a program's latency is its median over the passes (inf if it failed).
     """
@@ -188,13 +193,12 @@ def remeasure_together(task: Any, programs: dict[str, Sequence[Any]], passes: in
     from tunecore.measure.local import LocalMeasurer
 
     flat = {f"{name}/{i}": candidate for name, group in programs.items() for i, candidate in enumerate(group)}
+    samples: dict[str, list[float]] = {key: [] for key in flat}
     measurer = LocalMeasurer(task.target, screen=0, repeat=5, min_repeat_ms=50)
-
-    def timer(candidate: Any) -> Callable[[], float]:
-        return lambda: measurer.measure(task, [candidate])[0].latency or float("inf")
-
     try:
-        samples = passes_together({key: timer(c) for key, c in flat.items()}, passes, seed=seed)
+        for order in pass_orders(list(flat), passes, seed):  # a pass is one batch: its builds run in parallel
+            for key, result in zip(order, measurer.measure(task, [flat[key] for key in order])):
+                samples[key].append(result.latency or float("inf"))
     finally:
         measurer.close()
     return {name: sorted(float(np.median(samples[f"{name}/{i}"])) for i in range(len(group)))
@@ -210,10 +214,11 @@ def environment(target: Any = None) -> dict[str, Any]:
     from tunecore.targets import device_descriptor, resolve_target
     from tunecore.tvmjson import target_to_json
 
-    target = target if target is not None else resolve_target("llvm")
+    host = resolve_target("llvm")
+    target = target if target is not None else host
     device = device_descriptor(target)
     return {
-        "cpu": device.get("cpu") or platform.processor(),
+        "cpu": device_descriptor(host).get("cpu") or platform.processor(),
         "cores": os.cpu_count(),
         "python": platform.python_version(),
         "target": json.loads(target_to_json(target)),

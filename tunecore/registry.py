@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from tunecore.errors import PluginError
 from tunecore.plugins import CORE_DISTRIBUTION, PluginManager, distribution_of, get_plugin_manager
-from tunecore.roles import MEASURER_PARTS, PART_LABELS, ROLE_LABELS, ROLES, Component
+from tunecore.roles import MEASURER_PARTS, ROLE_LABELS, ROLES, Component
 
 if TYPE_CHECKING:
     import pluggy
@@ -27,7 +27,7 @@ _ROLE_HOOKS = {
     "profiler": "tunecore_register_profilers",
 }
 _BASES = {**ROLES, **MEASURER_PARTS}
-_LABELS = {**ROLE_LABELS, **PART_LABELS}
+_LABELS = {**ROLE_LABELS, **{part: part for part in MEASURER_PARTS}}
 
 
 @dataclasses.dataclass

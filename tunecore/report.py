@@ -14,9 +14,12 @@ import re
 import statistics
 from typing import Any
 
-from tunecore.cli.render import ms
-
 PLOTS_DIR = "plots"
+
+
+def ms(seconds: float | None) -> str:
+    """Seconds as milliseconds with 4 significant digits; "-" for none."""
+    return "-" if seconds is None else f"{seconds * 1e3:.4g}"
 
 
 def _pair(cell: dict[str, Any]) -> str:

@@ -197,9 +197,10 @@ class Measurer(Component):
         """One result per candidate, in the same order."""
 
     def device(self) -> dict[str, Any]:
-        """The device this measurer measures on (``tunecore.targets.device_descriptor``): stored with every
-        run and record. Two machines, or two targets that differ in ``mcpu`` or ``num-cores``, are two devices.
-        The default describes this machine; a measurer timing elsewhere (RPC) must describe the remote device."""
+        """The device this measurer measures on (``tunecore.targets.device_descriptor``), stored with every run
+        and record. Machines with different CPUs (or GPUs), or targets that differ in ``mcpu`` or ``num-cores``,
+        are different devices. The default describes this machine; a measurer timing elsewhere (RPC) must
+        describe the remote device."""
         from tunecore.targets import device_descriptor
 
         return device_descriptor(self.target)
@@ -230,6 +231,9 @@ class Builder(Component):
     def build(self, mods_json: Sequence[str]) -> list[Artifact | str]:
         """One artifact per module (``tvm.ir.save_json`` of the scheduled IRModule), in order; for a module that
         failed to build, the reason as one line instead. Raises only when the builder itself cannot work."""
+
+    def ready(self) -> None:
+        """Return once it can build (e.g. its workers started); the measurer's clock starts after."""
 
     def discard(self, artifact: Artifact) -> None:
         """The artifact is no longer needed."""
@@ -263,6 +267,9 @@ class Runner(Component):
         reject_unknown_options("runner", self.name, options)
         self.target = target
 
+    def ready(self) -> None:
+        """Return once it can run candidates (e.g. its workers or devices are up)."""
+
     @abc.abstractmethod
     def run(self, task: Task, artifacts: Sequence[Artifact], profilers: Sequence[Profiler]) -> list[MeasureResult]:
         """One result per artifact, in order (``run_secs``, or ``error`` for a crash or timeout), each
@@ -284,4 +291,4 @@ ROLES: dict[str, type[Component]] = {
 ROLE_LABELS = {"search": "search policy", "cost_model": "cost model", "store": "record store", "measurer": "measurer"}
 # What a measurer can be assembled from (-O measurer.builder=NAME -O measurer.runner=NAME -O measurer.profilers=[...])
 MEASURER_PARTS: dict[str, type[Component]] = {"builder": Builder, "runner": Runner, "profiler": Profiler}
-PART_LABELS = {"builder": "builder", "runner": "runner", "profiler": "profiler"}
+

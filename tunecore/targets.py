@@ -219,12 +219,16 @@ def device_descriptor(target: Any) -> dict[str, Any]:
     return desc
 
 
+# What makes two descriptions the same device: a fixed list, so that describing more (a new key, a
+# clock, an L2 size the CUDA runtime did or did not report) never changes the id of a device.
+_IDENTITY_KEYS = ("kind", "cpu", "vendor", "family_model", "mcpu", "cores", "arch", "gpu", "sm_count", "memory_bytes")
+
+
 def device_id(description: dict[str, Any]) -> str:
-    """A short stable id of a device description. The clock is left out: Linux reports the current
-    frequency where it cannot read the maximum, and a frequency change is not another device."""
+    """A short stable id of a device: equal for the same CPU or GPU model used the same way (mcpu, cores)."""
     import hashlib
 
-    identity = {k: v for k, v in description.items() if k != "clock_mhz"}
+    identity = {k: description[k] for k in _IDENTITY_KEYS if k in description}
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 

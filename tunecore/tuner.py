@@ -181,7 +181,7 @@ class Tuner:
 
 
 def run_key(info: dict[str, Any]) -> str | None:
-    """The run key a run was started with (stores written before 0.2 call a bench cell's key ``bench_cell``)."""
+    """The run key a run was started with (stores written by tunecore 0.1 call a bench cell's key ``bench_cell``)."""
     return info.get("run_key", info.get("bench_cell"))
 
 

@@ -45,7 +45,14 @@ def build_parser(pm: object | None = None) -> argparse.ArgumentParser:
         return register
 
     for impl in pm.hook.tunecore_register_commands.get_hookimpls():  # type: ignore[attr-defined]
-        impl.function(register=registrar(distribution_of(pm, impl.plugin)[0]))
+        try:
+            impl.function(register=registrar(distribution_of(pm, impl.plugin)[0]))
+        except UsageError:
+            raise
+        except Exception as error:  # a broken plugin must not take every command down with it
+            name = pm.get_name(impl.plugin)
+            getattr(pm, "load_errors", {})[name] = f"{type(error).__name__}: {error}"
+            print(f"tunecore: plugin '{name}' failed to add its commands and is skipped: {error}", file=sys.stderr)
     return parser
 
 

@@ -6,6 +6,8 @@ import os
 import sys
 from typing import Any
 
+from tunecore.report import ms  # noqa: F401  (the one millisecond format, for the commands)
+
 
 def console(stderr: bool = False) -> Any:
     from rich.console import Console
@@ -28,11 +30,6 @@ def stop(display: Any) -> None:
     """Stop a progress display; one that never started would print an empty line before a usage error."""
     if display.live.is_started:
         display.stop()
-
-
-def ms(seconds: float | None) -> str:
-    """Seconds as milliseconds with 4 significant digits; "-" for none."""
-    return "-" if seconds is None else f"{seconds * 1e3:.4g}"
 
 
 def best(seconds: float | None) -> str:

@@ -58,8 +58,11 @@ class LocalBuilder(Builder):
         # start the workers now, while the tuner prepares its tasks
         self.warmup = [self.pool.submit(worker.ping) for _ in range(self.capacity)]
 
-    def build(self, mods_json: Sequence[str]) -> list[Artifact | str]:
+    def ready(self) -> None:
         concurrent.futures.wait(self.warmup)
+
+    def build(self, mods_json: Sequence[str]) -> list[Artifact | str]:
+        self.ready()
         futures = [self.pool.submit(worker.build, mod_json, self.target_json, self.directory) for mod_json in mods_json]
         out: list[Artifact | str] = []
         for future in futures:
@@ -106,8 +109,11 @@ class LocalRunner(Runner):
             reason = f"there is no {target.kind.name} device on this machine (the local runner measures only here)"
         return reason
 
-    def run(self, task: Task, artifacts: Sequence[Artifact], profilers: Sequence[Profiler]) -> list[MeasureResult]:
+    def ready(self) -> None:
         concurrent.futures.wait(self.warmup)
+
+    def run(self, task: Task, artifacts: Sequence[Artifact], profilers: Sequence[Profiler]) -> list[MeasureResult]:
+        self.ready()
         results = []
         for artifact in artifacts:
             result = MeasureResult(build_secs=artifact.build_secs)
@@ -120,7 +126,10 @@ class LocalRunner(Runner):
             except Exception as error:
                 result.error = "run: " + _describe(error, self.timeout)
             for profiler in profilers:
-                result.profile.update(profiler.profile(task, artifact, result))
+                try:
+                    result.profile.update(profiler.profile(task, artifact, result))
+                except Exception:  # a profiler's failure costs its metrics, not the measurement
+                    result.profile[f"{profiler.name}.failed"] = 1.0
             if result.latency is not None:
                 self.best[task.task_id] = min(result.latency, best or result.latency)
             results.append(result)
@@ -132,38 +141,39 @@ class LocalRunner(Runner):
 
 
 class LocalMeasurer(Measurer):
-    """A builder and a runner (``local`` and ``local`` unless chosen by option), with profilers."""
+    """A builder and a runner (``local`` and ``local`` unless chosen by option), with profilers.
+
+    Which targets it serves depends on the parts chosen: they are checked when it is constructed.
+    """
 
     name = "local"
-    target_kinds = _LOCAL_KINDS
 
     def __init__(self, target: Any, *, builder: str = "local", runner: str = "local",
-                 profilers: Sequence[str] = (), registry: Any = None, **options: Any):
+                 profilers: Sequence[str] | str = (), registry: Any = None, **options: Any):
         super().__init__(target)
         from tunecore.registry import Registry
 
+        if registry is not None and not isinstance(registry, Registry):
+            raise TypeError("registry is not an option")  # a Python API argument (tests), not for -O
         registry = registry or Registry()
+        profilers = [profilers] if isinstance(profilers, str) else list(profilers)
+        registry.check_target(target, builder=builder, runner=runner)
+        for profiler in profilers:
+            registry.check_target(target, profiler=profiler)
         builder_cls, runner_cls = registry.get("builder", builder), registry.get("runner", runner)
-        for role, cls in (("builder", builder_cls), ("runner", runner_cls)):
-            reason = cls.unsupported_reason(target)
-            if reason:
-                raise TypeError(f"{role} '{cls.name}' cannot be used with target {target.kind.name}: {reason}")
         builder_options, runner_options = _accepted(builder_cls, options), _accepted(runner_cls, options)
         taken = builder_options.keys() | runner_options.keys()
         reject_unknown_options("measurer", self.name, {k: v for k, v in options.items() if k not in taken})
-        self.profilers = [registry.get("profiler", name)() for name in profilers]
         self.builder = builder_cls(target, **builder_options)
+        self.runner: Runner | None = None
+        self.profilers: list[Profiler] = []
         try:
             self.runner = runner_cls(target, **runner_options)
+            self.profilers = [registry.get("profiler", name)() for name in profilers]
         except BaseException:
-            self.builder.close()
+            self.close()
             raise
         self.capacity = self.runner.capacity
-
-    @classmethod
-    def unsupported_reason(cls, target: Any) -> str | None:
-        # the default parts; other parts are checked when chosen
-        return super().unsupported_reason(target) or LocalRunner.unsupported_reason(target)
 
     def device(self) -> dict[str, Any]:
         return self.runner.device()
@@ -171,6 +181,8 @@ class LocalMeasurer(Measurer):
     def measure(self, task: Task, candidates: Sequence[Candidate]) -> list[MeasureResult]:
         import tvm
 
+        self.builder.ready()
+        self.runner.ready()
         started = time.perf_counter()
         results: list[MeasureResult | None] = [None] * len(candidates)
         mods, positions = [], []
@@ -180,13 +192,14 @@ class LocalMeasurer(Measurer):
                 positions.append(i)
             except Exception as error:  # the trace does not replay on this task: a failed candidate
                 results[i] = MeasureResult(error=f"build: cannot apply the schedule: {error_line(error)}")
-        built = self.builder.build(mods)
+        built = _one_each(self.builder.build(mods), mods, f"builder '{self.builder.name}'")
         artifacts = [(i, a) for i, a in zip(positions, built) if isinstance(a, Artifact)]
         for i, failure in zip(positions, built):
-            if isinstance(failure, str):
-                results[i] = MeasureResult(error=failure)
+            if not isinstance(failure, Artifact):
+                results[i] = MeasureResult(error=str(failure))
         try:
-            ran = self.runner.run(task, [a for _, a in artifacts], self.profilers)
+            ran = _one_each(self.runner.run(task, [a for _, a in artifacts], self.profilers), artifacts,
+                            f"runner '{self.runner.name}'")
         finally:
             for _, artifact in artifacts:
                 self.builder.discard(artifact)
@@ -198,17 +211,35 @@ class LocalMeasurer(Measurer):
         return results
 
     def close(self) -> None:
-        self.runner.close()
-        self.builder.close()
-        for profiler in self.profilers:
-            profiler.close()
+        try:
+            for profiler in self.profilers:
+                profiler.close()
+            if self.runner is not None:
+                self.runner.close()
+        finally:
+            self.builder.close()
+
+
+def _one_each(out: list, inputs: Sequence, part: str) -> list:
+    """A part's answers, refusing a part that does not answer once for each input (a plugin bug)."""
+    if len(out) != len(inputs):
+        raise RuntimeError(f"{part} returned {len(out)} results for {len(inputs)} inputs")
+    return out
 
 
 def _accepted(cls: type, options: dict[str, Any]) -> dict[str, Any]:
-    """The options ``cls``'s constructor names as keyword arguments."""
-    parameters = inspect.signature(cls.__init__).parameters
-    keyword_only = {k for k, p in parameters.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
-    return {k: v for k, v in options.items() if k in keyword_only}
+    """The options a part's constructor takes by name, through its base classes while it passes ``**options`` on."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        parameters = inspect.signature(init).parameters
+        names.update(k for k, p in list(parameters.items())[2:]  # after self and target
+                     if p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD))
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+            break
+    return {k: v for k, v in options.items() if k in names}
 
 
 def _describe(error: BaseException, timeout: float) -> str:

@@ -90,7 +90,8 @@ class SqliteStore(RecordStore):
                 # FULL: a committed round survives even a power cut, and costs one fsync per round
                 self.db.execute("PRAGMA synchronous=FULL")
             with self.db:
-                self.db.execute("BEGIN")
+                # IMMEDIATE: two processes opening an old store at once upgrade it one after the other
+                self.db.execute("BEGIN IMMEDIATE")
                 if not is_new:
                     self._upgrade()
                 for statement in _SCHEMA.split(";"):  # executescript would commit half-way
@@ -116,6 +117,8 @@ class SqliteStore(RecordStore):
     def _upgrade(self) -> None:
         """Bring a store written by an older tunecore to this schema, in place (inside the open transaction)."""
         version = int(self.db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0])
+        if version >= SCHEMA_VERSION:
+            return
         if version < 2:  # records measured before devices were recorded keep device_id NULL: unknown
             self.db.execute("ALTER TABLE runs ADD COLUMN device_id TEXT REFERENCES devices (device_id)")
             self.db.execute("ALTER TABLE records ADD COLUMN device_id TEXT REFERENCES devices (device_id)")

@@ -209,7 +209,8 @@ def rank_correlation(a: Any, b: Any) -> float:
 
 
 class RecordStoreConformance(_Suite):
-    """A store keeps tasks and records durably, deduplicates, ranks, and answers kernel-class queries."""
+    """A store keeps tasks and records durably, deduplicates, ranks, answers kernel-class queries, and keeps
+    the device each run measured on (``start_run``'s ``info["device"]``), stamping its id on the run's records."""
 
     persistent: ClassVar[bool] = True  # False for stores that forget on close (memory)
 
@@ -257,6 +258,20 @@ class RecordStoreConformance(_Suite):
         store.finish_run(run_id, {"status": "finished"})
         (run,) = store.runs()
         assert run["info"] == {"model": "m"} and run["summary"] == {"status": "finished"} and run["finished_at"]
+        store.close()
+
+    def test_runs_and_records_name_their_device(self, component_name: str, task: Task, tmp_path: Any) -> None:
+        from tunecore.targets import device_id
+
+        store = self.make_store(component_name, str(tmp_path / "store"))
+        store.put_tasks([task])
+        device = {"kind": "llvm", "cpu": "a test CPU", "cores": 3}
+        run_id = store.start_run({"model": "m", "device": device})
+        store.commit(self._records(task, 2, run_id))
+        (run,) = store.runs()
+        assert run["device_id"] == device_id(device) and "device" not in run["info"]
+        assert {r.device_id for r in store.records(task.task_id)} == {device_id(device)}
+        assert store.devices() == {device_id(device): device}
         store.close()
 
     def test_kernel_class_query(self, component_name: str, task: Task, tmp_path: Any) -> None:
