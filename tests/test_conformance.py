@@ -4,7 +4,14 @@ import pytest
 
 from tunecore.plugins import new_plugin_manager
 from tunecore.registry import Registry
-from tunecore.testing import CostModelConformance, MeasurerConformance, RecordStoreConformance, SearchPolicyConformance
+from tunecore.testing import (
+    BuilderConformance,
+    CostModelConformance,
+    MeasurerConformance,
+    RecordStoreConformance,
+    RunnerConformance,
+    SearchPolicyConformance,
+)
 
 # The core's own components; each plugin's tests (plugins/*/tests) run the suites on its components.
 REGISTRY = Registry(new_plugin_manager(autoload=False))
@@ -41,4 +48,12 @@ class TestRecordStores(RecordStoreConformance):
 
 
 class TestLocalMeasurer(MeasurerConformance):
+    name = "local"
+
+
+class TestLocalBuilder(BuilderConformance):
+    name = "local"
+
+
+class TestLocalRunner(RunnerConformance):
     name = "local"

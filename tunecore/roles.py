@@ -151,9 +151,13 @@ class RecordStore(Component):
     def counts(self, task_ids: Sequence[str]) -> dict[str, int]:
         """Number of records (failures included) per task id."""
 
-    @abc.abstractmethod
     def tasks_by_kernel_class(self, kernel_class: str, target_kind: str | None = None) -> list[Task]:
-        """Every stored task of a kernel class (any model), optionally only for one target kind."""
+        """Every stored task of a kernel class (any model), optionally only for one target kind.
+
+        This default filters ``get_tasks()``; a store with an index on kernel classes answers faster.
+        """
+        return [t for t in self.get_tasks()
+                if t.kernel_class == kernel_class and (target_kind is None or t.target_kind == target_kind)]
 
     @abc.abstractmethod
     def start_run(self, info: dict[str, Any]) -> int:

@@ -10,9 +10,11 @@ Every suite runs real TVM on a 64x64 matmul (builds in well under a second with 
 """
 
 from tunecore.testing.conformance import (
+    BuilderConformance,
     CostModelConformance,
     MeasurerConformance,
     RecordStoreConformance,
+    RunnerConformance,
     SearchPolicyConformance,
 )
 from tunecore.testing.helpers import (
@@ -26,10 +28,12 @@ from tunecore.testing.helpers import (
 
 __all__ = [
     "ArtifactSizeProfiler",
+    "BuilderConformance",
     "CostModelConformance",
     "InstantMeasurer",
     "MeasurerConformance",
     "RecordStoreConformance",
+    "RunnerConformance",
     "SearchPolicyConformance",
     "hashed_latency",
     "sample_candidates",

@@ -345,10 +345,13 @@ class MeasurerConformance(_Suite):
         """Unscheduled matmuls (serial loop nests, so thread scheduling does not blur them) of 16 and 64 rows:
         every row is the same work on the same 16 KiB right-hand matrix, which stays in cache."""
         small, large = (_unscheduled(f"matmul-{m}x64x64", task.target) for m in (16, 64))
-        (a,) = measurer.measure(small.task, [small])
-        (b,) = measurer.measure(large.task, [large])
-        assert a.error is None and b.error is None, (a.error, b.error)
-        assert 3.0 < b.latency / a.latency < 5.3, (a.latency, b.latency)
+        ratios = []
+        for _ in range(3):  # alternating, median of three: one disturbance of a shared machine is not a failure
+            (a,) = measurer.measure(small.task, [small])
+            (b,) = measurer.measure(large.task, [large])
+            assert a.error is None and b.error is None, (a.error, b.error)
+            ratios.append(b.latency / a.latency)
+        assert 3.0 < sorted(ratios)[1] < 5.3, ratios
 
     def test_latency_agrees_with_time_evaluator(self, measurer: Any, task: Task) -> None:
         if not self.measures_this_host:
@@ -374,3 +377,74 @@ def _unscheduled(op: str, target: Any) -> Candidate:
 
     task = tiny_task(op, target)
     return Candidate.from_schedule(task, new_schedule(task.mod), origin="unscheduled")
+
+
+class _PartSuite(_Suite):
+    role: ClassVar[str] = ""
+
+    @classmethod
+    def make_part(cls, name: str, target: Any) -> Any:
+        return _registry().get(cls.role, name)(target, **cls.options)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def part(cls, task: Task) -> Any:
+        if not cls.name:
+            pytest.skip("set `name` on the conformance subclass")
+        part = cls.make_part(cls.name, task.target)
+        yield part
+        part.close()
+
+    @staticmethod
+    def modules(task: Task, n: int) -> list[str]:
+        import tvm
+
+        return [tvm.ir.save_json(c.mod) for c in sample_candidates(task, n)]
+
+
+class BuilderConformance(_PartSuite):
+    """A builder answers once per module, in order: an artifact a runner can load, or a one-line reason."""
+
+    role = "builder"
+
+    def test_builds_in_order_and_reports_failures_as_lines(self, part: Any, task: Task) -> None:
+        from tunecore.roles import Artifact
+
+        good = self.modules(task, 2)
+        out = part.build([good[0], "{not an IRModule}", good[1]])
+        assert len(out) == 3 and isinstance(out[1], str) and "\n" not in out[1].strip()
+        for artifact in (out[0], out[2]):
+            assert isinstance(artifact, Artifact) and os.path.getsize(artifact.path) > 0 and artifact.build_secs > 0
+            part.discard(artifact)
+            assert not os.path.exists(artifact.path)
+        assert part.build([]) == [] and part.capacity >= 1
+
+
+class RunnerConformance(_PartSuite):
+    """A runner times each artifact once per result, in order, calls every profiler while the artifact
+    exists, turns a crash into a result, and describes its device."""
+
+    role = "runner"
+    builder: ClassVar[str] = "local"  # the builder whose artifacts it runs
+
+    def test_times_artifacts_profiles_them_and_describes_its_device(self, part: Any, task: Task) -> None:
+        from tunecore.roles import Profiler
+
+        class Seen(Profiler):
+            name = "seen"
+
+            def profile(self, task: Task, artifact: Any, result: MeasureResult) -> dict[str, float]:
+                return {"existed": float(os.path.exists(artifact.path))}
+
+        builder = _registry().get("builder", self.builder)(task.target)
+        try:
+            artifacts = builder.build(self.modules(task, 2))
+            results = part.run(task, artifacts, [Seen()])
+            assert len(results) == 2
+            for r in results:
+                assert r.error is None and r.latency > 0 and r.profile == {"existed": 1.0}
+            assert part.run(task, [], [Seen()]) == []
+        finally:
+            builder.close()
+        device = part.device()
+        assert device["kind"] == task.target.kind.name and part.capacity >= 1
