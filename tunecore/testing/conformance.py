@@ -1,6 +1,6 @@
 """Conformance suites: the contract of each role, as pytest tests a plugin author subclasses.
 
-Set ``name`` to the component's registered name, or override the ``make_*`` method (and, for
+Set ``name`` to the component's registered name, or override the ``make_*`` (or ``make``) method (and, for
 options, ``options``). The suites use real TVM on a tiny task; they assert behaviour, never timings.
 """
 
@@ -297,7 +297,27 @@ class RecordStoreConformance(_Suite):
         reopened.close()
 
 
-class MeasurerConformance(_Suite):
+class _TargetComponentSuite(_Suite):
+    """Suites of components built as ``cls(target, **options)``: a measurer and its parts. Override ``make``
+    to construct yours another way."""
+
+    role: ClassVar[str] = ""
+
+    @classmethod
+    def make(cls, name: str, target: Any) -> Any:
+        return _registry().get(cls.role, name)(target, **cls.options)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def component(cls, task: Task) -> Any:
+        if not cls.name:
+            pytest.skip("set `name` on the conformance subclass")
+        component = cls.make(cls.name, task.target)
+        yield component
+        component.close()
+
+
+class MeasurerConformance(_TargetComponentSuite):
     """A measurer returns one result per candidate, in order; failures are results, not exceptions;
     latencies are seconds per call of the program: 4x the work measures ~4x slower, and on this host
     they agree with TVM's own ``time_evaluator``.
@@ -306,60 +326,48 @@ class MeasurerConformance(_Suite):
     only checked against each other.
     """
 
+    role = "measurer"
     measures_this_host: ClassVar[bool] = True
 
-    @classmethod
-    def make_measurer(cls, name: str, target: Any) -> Any:
-        return _registry().get("measurer", name)(target, **cls.options)
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def measurer(cls, task: Task) -> Any:
-        if not cls.name:
-            pytest.skip("set `name` on the conformance subclass")
-        measurer = cls.make_measurer(cls.name, task.target)
-        yield measurer
-        measurer.close()
-
-    def test_measures_valid_candidates(self, measurer: Any, task: Task) -> None:
+    def test_measures_valid_candidates(self, component: Any, task: Task) -> None:
         candidates = sample_candidates(task, 3)
-        results = measurer.measure(task, candidates)
+        results = component.measure(task, candidates)
         assert len(results) == 3
         for r in results:
             assert r.error is None, r.error
             assert r.run_secs and all(s > 0 for s in r.run_secs) and r.latency > 0
 
-    def test_failures_are_results(self, measurer: Any, task: Task) -> None:
+    def test_failures_are_results(self, component: Any, task: Task) -> None:
         good = sample_candidates(task, 2)
         broken = Candidate(task, json.dumps([[["GetSBlock", [], ["no_such_block", "main"], ["b0"]]], []]),
                            "broken", "test")
-        results = measurer.measure(task, [good[0], broken, good[1]])
+        results = component.measure(task, [good[0], broken, good[1]])
         assert len(results) == 3
         assert results[0].error is None and results[2].error is None
         assert results[1].error and results[1].latency is None
 
-    def test_empty_batch(self, measurer: Any, task: Task) -> None:
-        assert measurer.measure(task, []) == []
+    def test_empty_batch(self, component: Any, task: Task) -> None:
+        assert component.measure(task, []) == []
 
-    def test_four_times_the_work_measures_four_times_slower(self, measurer: Any, task: Task) -> None:
+    def test_four_times_the_work_measures_four_times_slower(self, component: Any, task: Task) -> None:
         """Unscheduled matmuls (serial loop nests, so thread scheduling does not blur them) of 16 and 64 rows:
         every row is the same work on the same 16 KiB right-hand matrix, which stays in cache."""
         small, large = (_unscheduled(f"matmul-{m}x64x64", task.target) for m in (16, 64))
         ratios = []
         for _ in range(3):  # alternating, median of three: one disturbance of a shared machine is not a failure
-            (a,) = measurer.measure(small.task, [small])
-            (b,) = measurer.measure(large.task, [large])
+            (a,) = component.measure(small.task, [small])
+            (b,) = component.measure(large.task, [large])
             assert a.error is None and b.error is None, (a.error, b.error)
             ratios.append(b.latency / a.latency)
         assert 3.0 < sorted(ratios)[1] < 5.3, ratios
 
-    def test_latency_agrees_with_time_evaluator(self, measurer: Any, task: Task) -> None:
+    def test_latency_agrees_with_time_evaluator(self, component: Any, task: Task) -> None:
         if not self.measures_this_host:
             pytest.skip("this measurer measures another device")
         import tvm
 
         program = _unscheduled("matmul-64", task.target)
-        (result,) = measurer.measure(program.task, [program])
+        (result,) = component.measure(program.task, [program])
         assert result.error is None, result.error
         library = tvm.tirx.build(program.mod, target=task.target)
         device = tvm.cpu(0) if task.target.kind.name == "llvm" else tvm.device(task.target.kind.name, 0)
@@ -379,55 +387,32 @@ def _unscheduled(op: str, target: Any) -> Candidate:
     return Candidate.from_schedule(task, new_schedule(task.mod), origin="unscheduled")
 
 
-class _PartSuite(_Suite):
-    role: ClassVar[str] = ""
-
-    @classmethod
-    def make_part(cls, name: str, target: Any) -> Any:
-        return _registry().get(cls.role, name)(target, **cls.options)
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def part(cls, task: Task) -> Any:
-        if not cls.name:
-            pytest.skip("set `name` on the conformance subclass")
-        part = cls.make_part(cls.name, task.target)
-        yield part
-        part.close()
-
-    @staticmethod
-    def modules(task: Task, n: int) -> list[str]:
-        import tvm
-
-        return [tvm.ir.save_json(c.mod) for c in sample_candidates(task, n)]
-
-
-class BuilderConformance(_PartSuite):
+class BuilderConformance(_TargetComponentSuite):
     """A builder answers once per module, in order: an artifact a runner can load, or a one-line reason."""
 
     role = "builder"
 
-    def test_builds_in_order_and_reports_failures_as_lines(self, part: Any, task: Task) -> None:
+    def test_builds_in_order_and_reports_failures_as_lines(self, component: Any, task: Task) -> None:
         from tunecore.roles import Artifact
 
-        good = self.modules(task, 2)
-        out = part.build([good[0], "{not an IRModule}", good[1]])
+        good = _modules(task, 2)
+        out = component.build([good[0], "{not an IRModule}", good[1]])
         assert len(out) == 3 and isinstance(out[1], str) and "\n" not in out[1].strip()
         for artifact in (out[0], out[2]):
             assert isinstance(artifact, Artifact) and os.path.getsize(artifact.path) > 0 and artifact.build_secs > 0
-            part.discard(artifact)
+            component.discard(artifact)
             assert not os.path.exists(artifact.path)
-        assert part.build([]) == [] and part.capacity >= 1
+        assert component.build([]) == [] and component.capacity >= 1
 
 
-class RunnerConformance(_PartSuite):
+class RunnerConformance(_TargetComponentSuite):
     """A runner times each artifact once per result, in order, calls every profiler while the artifact
     exists, turns a crash into a result, and describes its device."""
 
     role = "runner"
     builder: ClassVar[str] = "local"  # the builder whose artifacts it runs
 
-    def test_times_artifacts_profiles_them_and_describes_its_device(self, part: Any, task: Task) -> None:
+    def test_times_artifacts_profiles_them_and_describes_its_device(self, component: Any, task: Task) -> None:
         from tunecore.roles import Profiler
 
         class Seen(Profiler):
@@ -438,13 +423,20 @@ class RunnerConformance(_PartSuite):
 
         builder = _registry().get("builder", self.builder)(task.target)
         try:
-            artifacts = builder.build(self.modules(task, 2))
-            results = part.run(task, artifacts, [Seen()])
+            artifacts = builder.build(_modules(task, 2))
+            results = component.run(task, artifacts, [Seen()])
             assert len(results) == 2
             for r in results:
                 assert r.error is None and r.latency > 0 and r.profile == {"existed": 1.0}
-            assert part.run(task, [], [Seen()]) == []
+            assert component.run(task, [], [Seen()]) == []
         finally:
             builder.close()
-        device = part.device()
-        assert device["kind"] == task.target.kind.name and part.capacity >= 1
+        device = component.device()
+        assert device["kind"] == task.target.kind.name and component.capacity >= 1
+
+
+def _modules(task: Task, n: int) -> list[str]:
+    """``n`` distinct scheduled programs of ``task`` as a builder takes them."""
+    import tvm
+
+    return [tvm.ir.save_json(c.mod) for c in sample_candidates(task, n)]
