@@ -214,11 +214,12 @@ def environment(target: Any = None) -> dict[str, Any]:
     from tunecore.targets import device_descriptor, resolve_target
     from tunecore.tvmjson import target_to_json
 
-    host = resolve_target("llvm")
-    target = target if target is not None else host
-    device = device_descriptor(target)
+    this_machine = resolve_target("llvm")
+    host = device_descriptor(this_machine)
+    device = host if target is None else device_descriptor(target)
+    target = this_machine if target is None else target
     return {
-        "cpu": device_descriptor(host).get("cpu") or platform.processor(),
+        "cpu": host.get("cpu") or platform.processor(),
         "cores": os.cpu_count(),
         "python": platform.python_version(),
         "target": json.loads(target_to_json(target)),

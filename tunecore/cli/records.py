@@ -56,6 +56,7 @@ def _task_rows(store: Any, model: str | None) -> list[dict[str, Any]]:
             "name": t.name, "model": t.model, "task_id": t.task_id, "kernel_class": t.kernel_class, "weight": t.weight,
             "flops": t.flops, "trials": counts[t.task_id], "errors": sum(r.error is not None for r in records),
             "best_latency_s": best[0].latency if best else None, "best": best[0] if best else None,
+            "stored": records,
         })
     return rows
 
@@ -68,9 +69,9 @@ def _records_list(args: argparse.Namespace, store: Any) -> int:
             row["records"] = [
                 {"trial": r.trial, "latency_s": r.latency, "error": r.error, "origin": r.origin, "run_id": r.run_id,
                  "measured_at": r.measured_at, "device_id": r.device_id, "device": devices.get(r.device_id)}
-                for r in store.records(row["task_id"])
+                for r in row["stored"]
             ]
-        print(json.dumps([{k: v for k, v in r.items() if k != "best"} for r in rows], indent=2))
+        print(json.dumps([{k: v for k, v in r.items() if k not in ("best", "stored")} for r in rows], indent=2))
         return 0
     from rich.table import Table
 

@@ -32,11 +32,29 @@ from tunecore.roles import Artifact, Builder, Measurer, Profiler, Runner
 _LOCAL_KINDS = frozenset({"llvm", "cuda", "rocm", "metal", "vulkan", "opencl"})
 
 
-def _pool(workers: int, timeout: float, target_json: str) -> Any:
-    from tvm.support.popen_pool import PopenPoolExecutor
+class _WarmPool:
+    """Worker processes for a target, started at once (while the tuner prepares its tasks) and kept for the run."""
 
-    return PopenPoolExecutor(workers, timeout=timeout, initializer=worker.init_worker, initargs=(target_json,),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    def __init__(self, workers: int, timeout: float, target_json: str):
+        from tvm.support.popen_pool import PopenPoolExecutor
+
+        self.timeout = timeout
+        self.executor = PopenPoolExecutor(workers, timeout=timeout, initializer=worker.init_worker,
+                                          initargs=(target_json,), stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL)
+        self.warmup = [self.executor.submit(worker.ping) for _ in range(workers)]
+
+    def ready(self) -> None:
+        concurrent.futures.wait(self.warmup)
+
+    def submit(self, *call: Any) -> concurrent.futures.Future:
+        return self.executor.submit(*call)
+
+    def close(self) -> None:
+        # A worker still starting cannot be killed cleanly (TVM's PopenWorker has no pipes yet and
+        # the process would outlive us): let the warm-up pings finish first.
+        concurrent.futures.wait(self.warmup, timeout=self.timeout)
+        self.executor.shutdown(wait=False)
 
 
 class LocalBuilder(Builder):
@@ -54,15 +72,13 @@ class LocalBuilder(Builder):
         self.timeout = build_timeout
         self.capacity = build_workers or physical_cores()
         self.directory = tempfile.mkdtemp(prefix="tunecore-build-")
-        self.pool = _pool(self.capacity, build_timeout, self.target_json)
-        # start the workers now, while the tuner prepares its tasks
-        self.warmup = [self.pool.submit(worker.ping) for _ in range(self.capacity)]
+        self.pool = _WarmPool(self.capacity, build_timeout, self.target_json)
 
     def ready(self) -> None:
-        concurrent.futures.wait(self.warmup)
+        self.pool.ready()
 
     def build(self, mods_json: Sequence[str]) -> list[Artifact | str]:
-        self.ready()
+        self.pool.ready()
         futures = [self.pool.submit(worker.build, mod_json, self.target_json, self.directory) for mod_json in mods_json]
         out: list[Artifact | str] = []
         for future in futures:
@@ -73,10 +89,7 @@ class LocalBuilder(Builder):
         return out
 
     def close(self) -> None:
-        # A worker still starting cannot be killed cleanly (TVM's PopenWorker has no pipes yet and
-        # the process would outlive us): let the warm-up pings finish first.
-        concurrent.futures.wait(self.warmup, timeout=self.timeout)
-        self.pool.shutdown(wait=False)
+        self.pool.close()
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
@@ -97,8 +110,7 @@ class LocalRunner(Runner):
                               enable_cpu_cache_flush=cpu_cache_flush)
         self.screen = screen
         self.best: dict[str, float] = {}  # task id -> best latency this runner has seen
-        self.pool = _pool(1, run_timeout, self.target_json)
-        self.warmup = [self.pool.submit(worker.ping)]
+        self.pool = _WarmPool(1, run_timeout, self.target_json)
 
     @classmethod
     def unsupported_reason(cls, target: Any) -> str | None:
@@ -110,10 +122,10 @@ class LocalRunner(Runner):
         return reason
 
     def ready(self) -> None:
-        concurrent.futures.wait(self.warmup)
+        self.pool.ready()
 
     def run(self, task: Task, artifacts: Sequence[Artifact], profilers: Sequence[Profiler]) -> list[MeasureResult]:
-        self.ready()
+        self.pool.ready()
         results = []
         for artifact in artifacts:
             result = MeasureResult(build_secs=artifact.build_secs)
@@ -136,8 +148,7 @@ class LocalRunner(Runner):
         return results
 
     def close(self) -> None:
-        concurrent.futures.wait(self.warmup, timeout=self.timeout)
-        self.pool.shutdown(wait=False)
+        self.pool.close()
 
 
 class LocalMeasurer(Measurer):
