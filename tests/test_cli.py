@@ -78,6 +78,12 @@ def test_records_export_import_round_trip(tmp_path):
         (["run", "--model", "op:matmul-64", "--trials", "4", "--target", "nvidia/nosuch"], ["nvidia/nosuch"]),
         (["run", "--model", "op:matmul-64", "--trials", "4", "-O", "search.nosuch=1"], ["unknown option", "nosuch"]),
         (["run", "--model", "op:matmul-64", "--trials", "4", "-O", "nodot"], ["ROLE.KEY=VALUE"]),
+        # option keys that name the core's own construction arguments are options like any other
+        (["run", "--model", "op:matmul-64", "--trials", "4", "-O", "measurer.registry=x"],
+         ["registry is not an option"]),
+        (["run", "--model", "op:matmul-64", "--trials", "4", "-O", "search.name=x"], ["unknown option", "name"]),
+        (["run", "--model", "op:matmul-64", "--trials", "4", "-O", "measurer.builder=dask"],
+         ["unknown builder 'dask'"]),
         (["run", "--model", "op:matmul-64", "--trials", "4", "-O", "xgb.min_data=3"],
          ["NAME.KEY=VALUE", "random, none, local"]),
         (["run", "--model", "op:matmul-64"], ["--trials"]),

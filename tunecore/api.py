@@ -53,7 +53,7 @@ def open_store(url: str | None, registry: Registry | None = None, *, create: boo
     return registry.get("store", name)(location)
 
 
-def _construct(registry: Registry, role: str, name: str, *args: Any, **kwargs: Any) -> Any:
+def _construct(registry: Registry, role: str, name: str, /, *args: Any, **kwargs: Any) -> Any:
     cls = registry.get(role, name)
     try:
         return cls(*args, **kwargs)
