@@ -3,6 +3,10 @@
 Every import counts: at module level, inside functions (lazy imports only hide a cycle until the
 day someone moves them) and under ``if TYPE_CHECKING`` (a type-only cycle is still two modules that
 cannot be understood apart).
+
+Loading a plugin by name is not an import: the plugin manager loads ``tunecore.builtin`` by its name
+the way it loads an installed plugin by its entry point, and the built-in plugin, like any plugin,
+sits above everything it registers. The test checks that nothing in the core imports it directly.
 """
 
 import ast
@@ -71,6 +75,13 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_tunecore_has_no_import_cycles():
     cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_builtin_plugin_is_on_top():
+    graph = import_graph()
+    importers = {module for module, imported in graph.items() if not module.startswith("tunecore.builtin")
+                 and any(i.startswith("tunecore.builtin") for i in imported)}
+    assert importers == set(), f"{importers} import the built-in plugin; look components up in the registry instead"
 
 
 def test_the_cycle_finder_finds_cycles():

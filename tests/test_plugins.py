@@ -68,6 +68,23 @@ def test_unknown_name_lists_installed_and_hints():
         registry.get("cost_model", "nosuch")
 
 
+def test_shared_registry_runs_registration_hooks_once_per_set_of_plugins():
+    calls = []
+
+    class Counting:
+        @hookimpl
+        def tunecore_register_search_policies(self, register):
+            calls.append(1)
+
+    pm = _manager_with(Counting())
+    first = Registry.shared(pm)
+    assert Registry.shared(pm) is first and len(calls) == 1
+    pm.register(_DuplicatePlugin(), name="late")  # a plugin registered later is seen
+    with pytest.raises(PluginError, match="registered twice"):
+        Registry.shared(pm)
+    assert len(calls) == 2
+
+
 def test_registering_a_non_component_is_refused():
     with pytest.raises(PluginError, match="does not subclass SearchPolicy"):
         Registry(_manager_with(_BadPlugin()))

@@ -46,7 +46,7 @@ class TuneConfig:
 
 def open_store(url: str | None, registry: Registry | None = None, *, create: bool = True) -> RecordStore:
     """The store a ``--store`` value names. With ``create=False`` a missing file is a UsageError."""
-    registry = registry or Registry()
+    registry = registry or Registry.shared()
     name, location = parse_store_url(url, registry.names("store"))
     if not create and name == "sqlite" and not os.path.exists(location):
         raise UsageError(f"--store {url or DEFAULT_STORE}: no such store (run `tunecore run` first, or pass --store)")
@@ -71,7 +71,7 @@ def components(
     With ``config.then``, the search policy is ``search`` followed per task by ``then`` (see tunecore.chain);
     ``search.KEY`` options go to ``search``, ``then`` gets only its own ``NAME.KEY`` options.
     """
-    registry = registry or Registry()
+    registry = registry or Registry.shared()
     c = config
     registry.check_target(target, search=c.search, cost_model=c.cost_model, measurer=c.measurer)
     if c.then:
@@ -124,7 +124,7 @@ def tune(
     if config.trials < 0:
         raise UsageError("--trials must be >= 0")
     tvm_target = resolve_target(config.target)
-    registry = Registry()
+    registry = Registry.shared()
     with components(tvm_target, config, registry) as (search, cost_model, store, measurer):
         workload = load_workload(config.model)
         tasks = extract_tasks(workload, tvm_target)

@@ -172,7 +172,7 @@ def run_matrix(
     if trials < 1:
         raise UsageError("--trials must be >= 1")
     tvm_target = resolve_target(settings.target)
-    registry = Registry()
+    registry = Registry.shared()
     for s, c in {(cell.search, cell.cost_model) for cell in cells}:
         registry.check_target(tvm_target, search=s, cost_model=c, measurer=settings.measurer)
     workloads = {m: load_workload(m) for m in {cell.model for cell in cells}}

@@ -11,6 +11,7 @@ import importlib
 import importlib.metadata
 import os
 import sys
+from typing import Any
 
 import pluggy
 
@@ -22,13 +23,13 @@ DEFAULT_PLUGINS = ("tunecore.builtin",)
 CORE_DISTRIBUTION = "tunecore"
 
 
-
 class PluginManager(pluggy.PluginManager):
     """pluggy's manager, remembering which plugins failed to load and why (shown by `tunecore plugins`)."""
 
     def __init__(self) -> None:
         super().__init__("tunecore")
         self.load_errors: dict[str, str] = {}  # entry point name -> error text
+        self.registry_cache: tuple[frozenset[int], Any] | None = None  # see Registry.shared
 
 
 _manager: PluginManager | None = None

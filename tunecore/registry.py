@@ -47,6 +47,17 @@ class Registry:
                 dist = distribution_of(self.pm, impl.plugin)[0]
                 impl.function(register=self._registrar(role, impl.plugin, dist))
 
+    @classmethod
+    def shared(cls, pm: PluginManager | None = None) -> Registry:
+        """The registry of ``pm`` (the process-wide manager by default), built once per set of plugins,
+        so that a plugin's registration hooks run once however many components look a name up."""
+        pm = pm or get_plugin_manager()
+        plugins = frozenset(map(id, pm.get_plugins()))
+        cached = getattr(pm, "registry_cache", None)
+        if cached is None or cached[0] != plugins:
+            cached = pm.registry_cache = (plugins, cls(pm))
+        return cached[1]
+
     def _registrar(self, role: str, plugin: object, dist: str):
         base = _BASES[role]
         label = _LABELS[role]
@@ -99,7 +110,7 @@ class Registry:
 def describe_plugins(pm: PluginManager | None = None) -> list[dict[str, Any]]:
     """What ``tunecore plugins`` prints: per plugin its distribution, version, hooks and components."""
     pm = pm or get_plugin_manager()
-    registry = Registry(pm)
+    registry = Registry.shared(pm)
     out = []
     for plugin in pm.get_plugins():
         dist, version = distribution_of(pm, plugin)

@@ -166,7 +166,7 @@ class LocalMeasurer(Measurer):
 
         if registry is not None and not isinstance(registry, Registry):
             raise TypeError("registry is not an option")  # a Python API argument (tests), not for -O
-        registry = registry or Registry()
+        registry = registry or Registry.shared()
         profilers = [profilers] if isinstance(profilers, str) else list(profilers)
         registry.check_target(target, builder=builder, runner=runner)
         for profiler in profilers:

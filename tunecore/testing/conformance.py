@@ -23,7 +23,7 @@ from tunecore.testing.helpers import sample_candidates
 def _registry() -> Any:
     from tunecore.registry import Registry
 
-    return Registry()
+    return Registry.shared()
 
 
 class _Suite:
