@@ -6,6 +6,7 @@ TVM is imported lazily so that ``tunecore plugins`` and ``--help`` stay fast.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import statistics
 import time
 from functools import cached_property
@@ -15,6 +16,11 @@ from tunecore.tvmjson import replay_trace_json, schedule_key, target_from_json, 
 
 if TYPE_CHECKING:
     import tvm
+
+
+def task_id_for(workload_hash: str, target_json: str) -> str:
+    """A task's id: its kernel on its target, the same for every run on every machine."""
+    return hashlib.sha256(f"{workload_hash}|{target_json}".encode()).hexdigest()[:20]
 
 
 @dataclasses.dataclass(eq=False)

@@ -91,6 +91,9 @@ class CostModel(Component):
     """
 
     learns: ClassVar[bool] = True
+    # True for a model whose ``predict_latency`` says how many seconds a candidate takes (``tunecore
+    # costmodel eval`` then also reports its error in seconds); a ranking-only model leaves it False.
+    predicts_latency: ClassVar[bool] = False
 
     def __init__(self, *, seed: int = 0, **options: Any):
         reject_unknown_options("cost model", self.name, options)
@@ -104,9 +107,19 @@ class CostModel(Component):
     def update(self, task: Task, candidates: Sequence[Candidate], results: Sequence[MeasureResult]) -> None:
         """Learn from measured candidates; failed ones have ``result.error`` set."""
 
+    def update_all(self, batches: Sequence[tuple[Task, Sequence[Candidate], Sequence[MeasureResult]]]) -> None:
+        """Learn from many tasks' measurements at once (a warm start, a dataset). By default ``update``
+        per batch; a model that retrains on everything after each ``update`` should train once here."""
+        for task, candidates, results in batches:
+            self.update(task, candidates, results)
+
     @abc.abstractmethod
     def predict(self, task: Task, candidates: Sequence[Candidate]) -> np.ndarray:
         """One float per candidate, higher = predicted faster. Only the order within a call matters."""
+
+    def predict_latency(self, task: Task, candidates: Sequence[Candidate]) -> np.ndarray:
+        """Predicted seconds per candidate on ``self.device``; only for models with ``predicts_latency``."""
+        raise NotImplementedError(f"cost model '{self.name}' ranks candidates but does not predict latency")
 
     def save(self, path: str) -> None:
         """Write the model to ``path`` in a format that is safe to load (no pickle)."""

@@ -22,6 +22,8 @@ from tunecore.schedulers import SCHEDULERS, TaskState
 from tunecore.summary import RunSummary, estimated_latency, summarize
 
 PHASES = ("search", "measure", "store", "learn")
+
+
 def derive_seed(*parts: Any) -> int:
     """A 31-bit seed from a base seed and names, stable across processes and machines."""
     digest = hashlib.sha256("|".join(map(str, parts)).encode()).digest()
@@ -134,11 +136,11 @@ class Tuner:
     def _warm_start(self, states: list[TaskState]) -> None:
         """Teach the cost model what the store already knows about these tasks (on whichever device)."""
         devices = self.store.devices()
-        for state in states:
-            if state.history:
-                task, records = state.task, state.history
-                self.cost_model.update(task, [r.candidate(task) for r in records],
-                                       [r.result(devices.get(r.device_id)) for r in records])
+        self.cost_model.update_all([
+            (state.task, [r.candidate(state.task) for r in state.history],
+             [r.result(devices.get(r.device_id)) for r in state.history])
+            for state in states if state.history
+        ])
 
     def _round(self, state: TaskState, n: int, trial_base: int, run_id: int) -> list[Record]:
         task = state.task

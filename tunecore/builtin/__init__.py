@@ -48,7 +48,7 @@ def tunecore_register_runners(register):
 
 @hookimpl
 def tunecore_register_commands(register):
-    from tunecore.cli import bench, compile, plugins, records, run, tasks
+    from tunecore.cli import bench, compile, costmodel, dataset, plugins, records, run, tasks
 
-    for command in (run, tasks, records, compile, bench, plugins):
+    for command in (run, tasks, records, compile, bench, dataset, costmodel, plugins):
         command.add_commands(register)

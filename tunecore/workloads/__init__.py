@@ -8,12 +8,11 @@ IRModule saved with ``tvm.ir.save_json`` (``.json``). Networks are legalized and
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import re
 from typing import Any
 
-from tunecore.data import Task
+from tunecore.data import Task, task_id_for
 from tunecore.errors import UsageError
 
 
@@ -46,6 +45,24 @@ def load_workload(spec: str) -> Workload:
     from tunecore.workloads.onnx_import import load_onnx
 
     return Workload(f"onnx:{path}", load_onnx(path), True)
+
+
+def expand_models(specs: list[str]) -> list[str]:
+    """``--model`` values with sets spelled out: ``zoo:all`` (every zoo network) and ``op:ansor``
+    (Ansor's single-operator benchmark set); comma-separated lists are split."""
+    out: list[str] = []
+    for spec in (s.strip() for value in specs for s in value.split(",") if s.strip()):
+        if spec == "zoo:all":
+            from tunecore.workloads.zoo import ZOO_NAMES
+
+            out += [f"zoo:{name}" for name in ZOO_NAMES]
+        elif spec == "op:ansor":
+            from tunecore.workloads.ops import ansor_op_names
+
+            out += [f"op:{name}" for name in ansor_op_names()]
+        else:
+            out.append(spec)
+    return list(dict.fromkeys(out))
 
 
 def _load_relax_json(path: str) -> Any:
@@ -119,7 +136,7 @@ def make_task(mod: Any, target: Any, *, name: str, kernel_class: str, model: str
 
     workload_hash = str(tvm_ffi.structural_hash(mod))
     target_json = target_to_json(target)
-    task_id = hashlib.sha256(f"{workload_hash}|{target_json}".encode()).hexdigest()[:20]
+    task_id = task_id_for(workload_hash, target_json)
     try:
         flops = float(tvm.s_tir.analysis.estimate_tir_flops(mod))
     except Exception:  # some functions (dynamic shapes, externs) have no static FLOP count

@@ -33,12 +33,14 @@ _ANSOR_CODES = ("C1D", "C2D", "C3D", "GMM", "GRP", "DIL", "DEP", "T2D", "CAP", "
 
 def op_names() -> list[str]:
     """Every name ``op:`` accepts (matmul sizes are open-ended; a few examples are listed)."""
+    return ["matmul-64", "matmul-512", "matmul-1024", "matmul-128x768x3072", *ansor_op_names(), *sorted(NAMED_OPS)]
+
+
+def ansor_op_names() -> list[str]:
+    """Ansor's single-operator benchmark set (``op:ansor``)."""
     from tvm.s_tir.meta_schedule.testing import te_workload
 
-    names = ["matmul-64", "matmul-512", "matmul-1024", "matmul-128x768x3072"]
-    for code in _ANSOR_CODES:
-        names += [f"{code.lower()}-{i}" for i in range(len(te_workload.CONFIGS[code][1]))]
-    return names + sorted(NAMED_OPS)
+    return [f"{code.lower()}-{i}" for code in _ANSOR_CODES for i in range(len(te_workload.CONFIGS[code][1]))]
 
 
 def build_op(name: str) -> Any:

@@ -110,9 +110,13 @@ class XGBModel(CostModel):
     # learning
 
     def update(self, task: Task, candidates: Sequence[Candidate], results: Sequence[MeasureResult]) -> None:
-        for c, rows, r in zip(candidates, self.features(task, candidates), results):
-            if rows is not None and len(rows):
-                self.data[(task.task_id, c.key)] = (rows, r.latency)
+        self.update_all([(task, candidates, results)])
+
+    def update_all(self, batches: Sequence[tuple[Task, Sequence[Candidate], Sequence[MeasureResult]]]) -> None:
+        for task, candidates, results in batches:
+            for c, rows, r in zip(candidates, self.features(task, candidates), results):
+                if rows is not None and len(rows):
+                    self.data[(task.task_id, c.key)] = (rows, r.latency)
         if len(self.data) >= self.min_data:
             self.booster = self._train()
 

@@ -1,0 +1,62 @@
+"""``tunecore costmodel eval``: the yardstick every cost model is judged by (see tunecore.dataset.evaluate)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from tunecore.cli import Parser, render
+
+
+def add_commands(register: Any) -> None:
+    costmodel = register("costmodel", cmd_costmodel, help="judge cost models on a dataset")
+    sub = costmodel.add_subparsers(dest="costmodel_command", required=True, parser_class=Parser)
+    evaluate = sub.add_parser("eval", help="train on one side of a split, report ranking (and latency) metrics on "
+                                           "the other")
+    evaluate.add_argument("--dataset", "-d", required=True, help="dataset file (.parquet)")
+    evaluate.add_argument("--cost-model", required=True, help="cost models, comma-separated (e.g. xgb,none)")
+    evaluate.add_argument("--split", required=True,
+                          help="workload:W1,W2 (cross-model) | device:ID,... (cross-device) | task:FRACTION | "
+                               "random:FRACTION")
+    evaluate.add_argument("--devices", default=None,
+                          help="use only measurements on these devices (ids or prefixes, comma-separated)")
+    evaluate.add_argument("--seed", type=int, default=0)
+    evaluate.add_argument("--option", "-O", action="append", metavar="NAME.KEY=VALUE",
+                          help="cost model option, e.g. -O xgb.rounds=200")
+    evaluate.add_argument("--json", action="store_true")
+
+
+def cmd_costmodel(args: argparse.Namespace) -> int:
+    from tunecore.dataset.evaluate import evaluate
+    from tunecore.dataset.split import split
+    from tunecore.dataset.table import Dataset
+    from tunecore.options import parse_options
+
+    names = [n.strip() for n in args.cost_model.split(",") if n.strip()]
+    options = parse_options(args.option, names)
+    dataset = Dataset.load(args.dataset)
+    devices = [d.strip() for d in args.devices.split(",")] if args.devices else None
+    result = evaluate(dataset, split(dataset, args.split, args.seed, devices), names, seed=args.seed,
+                      options=options)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print_table(result)
+    return 0
+
+
+def print_table(result: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    models = result["models"]
+    columns = list(dict.fromkeys(k for metrics in models.values() for k in metrics))
+    table = Table(title=f"split {result['split']}: train {result['train']['measurements']} measurements, "
+                        f"test {result['test']['measurements']} programs in {result['test']['groups']} task x device "
+                        "groups")
+    table.add_column("cost model")
+    for column in columns:
+        table.add_column(column.replace("_", " "), justify="right")
+    for name, metrics in models.items():
+        table.add_row(name, *(render.cell(metrics.get(c)) for c in columns))
+    render.console().print(table)

@@ -1,0 +1,219 @@
+"""``tunecore dataset collect|remeasure|info|export|import|merge``: program datasets (see tunecore.dataset)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from typing import Any
+
+from tunecore.cli import Parser, render
+from tunecore.errors import UsageError
+
+
+def add_commands(register: Any) -> None:
+    dataset = register("dataset", cmd_dataset, help="collect, inspect and combine datasets of measured programs")
+    sub = dataset.add_subparsers(dest="dataset_command", required=True, parser_class=Parser)
+
+    collect = sub.add_parser("collect", help="measure programs of every task of the workloads (resumable)")
+    collect.add_argument("--model", "-m", action="append", required=True,
+                         help="workload (as for `run`), repeatable or comma-separated; zoo:all and op:ansor name sets")
+    collect.add_argument("--target", "-t", action="append", default=None,
+                         help="a device to collect on, repeatable (default: llvm, this CPU)")
+    collect.add_argument("--per-task", type=int, required=True, help="programs per task on each device")
+    collect.add_argument("--out", "-o", required=True, help="dataset file (.parquet); extended if it exists")
+    collect.add_argument("--random-fraction", type=float, default=0.5,
+                         help="share of each task's programs sampled uniformly; the rest come from --search "
+                              "(default 0.5)")
+    collect.add_argument("--search", default="ansor", help="the guided search (default: ansor)")
+    collect.add_argument("--cost-model", default="xgb", help="the guided search's cost model (default: xgb)")
+    collect.add_argument("--max-programs", type=int, default=None, help="stop after measuring this many, per device")
+    _add_run_limits(collect)
+
+    remeasure = sub.add_parser("remeasure", help="measure the dataset's programs on another device (the same traces)")
+    remeasure.add_argument("dataset")
+    remeasure.add_argument("--target", "-t", required=True, help="the other device's target")
+    remeasure.add_argument("--per-task", type=int, default=None, help="at most this many programs per task")
+    remeasure.add_argument("--from-device", default=None,
+                           help="only programs measured on this device (id or prefix; default: any)")
+    _add_run_limits(remeasure)
+
+    info = sub.add_parser("info", help="counts by device, workload and task")
+    info.add_argument("dataset")
+    info.add_argument("--json", action="store_true")
+
+    export = sub.add_parser("export", help="write a record store's measurements as a dataset")
+    export.add_argument("--store", "-s", default=None, help="record store (default: tunecore.db)")
+    export.add_argument("--model", "-m", action="append", default=None, help="only tasks of this workload")
+    export.add_argument("--out", "-o", required=True)
+
+    imported = sub.add_parser("import", help="put a dataset's measurements into a record store")
+    imported.add_argument("dataset")
+    imported.add_argument("--store", "-s", default=None, help="record store (default: tunecore.db)")
+
+    merge = sub.add_parser("merge", help="combine datasets (e.g. collected on different machines) into one")
+    merge.add_argument("datasets", nargs="+")
+    merge.add_argument("--out", "-o", required=True)
+
+
+def _add_run_limits(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--time-limit", type=duration, default=None, metavar="DURATION",
+                   help="stop (saved, resumable) after this long: 3600, 90m, 2h")
+    p.add_argument("--measurer", default="local", help="measurer (see `tunecore plugins`)")
+    p.add_argument("--option", "-O", action="append", metavar="ROLE.KEY=VALUE",
+                   help="component option, as for `run`, e.g. -O measurer.repeat=5")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+
+
+def duration(text: str) -> float:
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 3600, 90m, 2h)")
+    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+
+
+def cmd_dataset(args: argparse.Namespace) -> int:
+    return _COMMANDS[args.dataset_command](args)
+
+
+def _collect(args: argparse.Namespace) -> int:
+    from tunecore.dataset.collect import CollectPlan, collect
+    from tunecore.options import parse_options
+    from tunecore.workloads import expand_models
+
+    _check_suffix(args.out)
+    plan = CollectPlan(expand_models(args.model), targets=args.target or ["llvm"], per_task=args.per_task,
+                       random_fraction=args.random_fraction, search=args.search, cost_model=args.cost_model,
+                       measurer=args.measurer, seed=args.seed, max_programs=args.max_programs,
+                       time_limit=args.time_limit,
+                       options=parse_options(args.option, [args.search, args.cost_model, args.measurer, "random"]))
+    report = _with_progress(args, lambda on_progress: collect(args.out, plan, on_progress=on_progress))
+    _print_report(args, report, [(d["device"], d["measured"], d["failed"], d["stopped"]) for d in report["devices"]])
+    return 0
+
+
+def _remeasure(args: argparse.Namespace) -> int:
+    from tunecore.dataset.collect import remeasure
+    from tunecore.options import parse_options
+
+    options = parse_options(args.option, [args.measurer])
+    report = _with_progress(args, lambda on_progress: remeasure(
+        args.dataset, args.target, per_task=args.per_task, source_device=args.from_device, measurer_name=args.measurer,
+        options=options, seed=args.seed, time_limit=args.time_limit, on_progress=on_progress))
+    _print_report(args, report, [(report["device"], report["measured"], report["failed"], report["stopped"])])
+    return 0
+
+
+def _with_progress(args: argparse.Namespace, work: Any) -> Any:
+    from rich.progress import TextColumn, TimeRemainingColumn
+
+    display = render.progress(TextColumn("failed {task.fields[failed]}"), TextColumn("{task.fields[where]}"),
+                              after=(TextColumn("ETA"), TimeRemainingColumn()), transient=args.json)
+    bars: dict[str, Any] = {}
+
+    def on_progress(p: Any) -> None:
+        if p.device not in bars:
+            bars[p.device] = display.add_task(f"measuring on {p.device}", total=p.total, failed=0, where="")
+            display.start()
+        display.update(bars[p.device], completed=p.done, total=p.total, failed=p.failed, where=p.task[:40])
+
+    try:
+        return work(on_progress)
+    finally:
+        render.stop(display)
+
+
+def _print_report(args: argparse.Namespace, report: dict[str, Any], devices: list[tuple]) -> None:
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return
+    for device, measured, failed, stopped in devices:
+        print(f"{device}: measured {measured} programs ({failed} failed)"
+              + (f"; stopped by the {stopped}, run the same command to go on" if stopped else ""))
+    print(f"{report['dataset']}: {report['elapsed_s']} s")
+
+
+def _info(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from tunecore.dataset.table import Dataset
+
+    info = Dataset.load(args.dataset).info()
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    console = render.console()
+    console.print(f"{args.dataset}: {info['rows']} measurements ({info['failed']} failed) of {info['programs']} "
+                  f"programs, {info['tasks']} tasks, {len(info['devices'])} devices")
+    devices = Table(title="devices")
+    for column in ("device id", "device", "measured", "failed"):
+        devices.add_column(column)
+    for identity, d in info["devices"].items():
+        devices.add_row(identity, d["description"], str(d["measured"]), str(d["rows"] - d["measured"]))
+    console.print(devices)
+    workloads = Table(title="workloads")
+    for column in ("workload", "tasks", "measurements"):
+        workloads.add_column(column)
+    for name, w in info["workloads"].items():
+        workloads.add_row(name, str(w["tasks"]), str(w["rows"]))
+    console.print(workloads)
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from tunecore import api
+    from tunecore.dataset.table import Dataset
+
+    _check_suffix(args.out)
+    store = api.open_store(args.store, create=False)
+    try:
+        dataset, unknown = Dataset.from_store(store, args.model)
+    finally:
+        store.close()
+    if os.path.exists(args.out):
+        existing = Dataset.load(args.out)
+        existing.merge(dataset)
+        dataset = existing
+    dataset.save(args.out)
+    print(f"{args.out}: {len(dataset.rows)} measurements"
+          + (f"; left out {unknown} records that do not say which device measured them" if unknown else ""))
+    return 0
+
+
+def _import(args: argparse.Namespace) -> int:
+    from tunecore import api
+    from tunecore.dataset.table import Dataset
+
+    dataset = Dataset.load(args.dataset)
+    store = api.open_store(args.store)
+    try:
+        added = dataset.to_store(store)
+    finally:
+        store.close()
+    print(f"{args.store or 'tunecore.db'}: {added} new records from {args.dataset}")
+    return 0
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from tunecore.dataset.table import Dataset
+
+    _check_suffix(args.out)
+    merged = Dataset()
+    for path in args.datasets:
+        merged.merge(Dataset.load(path))
+    merged.save(args.out)
+    print(f"{args.out}: {len(merged.rows)} measurements, {len(merged.devices)} devices")
+    return 0
+
+
+def _check_suffix(path: str) -> None:
+    from tunecore.dataset.table import SUFFIX
+
+    if not path.endswith(SUFFIX):
+        raise UsageError(f"{path}: a dataset file's name ends in {SUFFIX}")
+
+
+_COMMANDS = {"collect": _collect, "remeasure": _remeasure, "info": _info, "export": _export, "import": _import,
+             "merge": _merge}

@@ -1,0 +1,298 @@
+"""Measuring programs into a dataset: ``tunecore dataset collect`` and ``tunecore dataset remeasure``.
+
+``collect`` gives every task of every workload ``per_task`` measured programs on each device, as
+TenSet does: a share of them uniform random samples of the design space (``random_fraction``, by
+default half), the rest found by a short guided search (by default Ansor's evolutionary search
+with its XGBoost model, per task, starting from the random ones), so the dataset holds both the
+typical program and the good ones a tuner looks for. It runs the ordinary tuning loop on one task
+at a time, so failures are data (a record with its error) exactly as in ``tunecore run``.
+
+Both commands resume: the dataset file is rewritten after every task, a program already in it for
+a device is never measured again for that device, and running the same command twice measures
+nothing the second time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import time
+from typing import Any, Callable, Iterator
+
+from tunecore.dataset.table import Dataset, Measurement, describe_device
+from tunecore.errors import UsageError
+
+RANDOM = "random"
+
+
+@dataclasses.dataclass
+class CollectPlan:
+    models: list[str]
+    targets: list[str] = dataclasses.field(default_factory=lambda: ["llvm"])
+    per_task: int = 64  # programs per task on each device
+    random_fraction: float = 0.5  # of ``per_task``, sampled uniformly; the rest by ``search``
+    search: str = "ansor"
+    cost_model: str = "xgb"
+    measurer: str = "local"
+    options: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    seed: int = 0
+    max_programs: int | None = None  # new measurements per device in this invocation
+    time_limit: float | None = None  # seconds for this invocation
+
+
+@dataclasses.dataclass
+class Progress:
+    """Passed to the progress callback: where collection is, and how much of this device's work is done."""
+
+    device: str
+    task: str
+    done: int
+    total: int
+    failed: int
+
+
+class _Stop(Exception):
+    """The time limit or the program limit is reached: save and stop."""
+
+
+def collect(path: str, plan: CollectPlan, *, registry: Any = None,
+            on_progress: Callable[[Progress], None] | None = None) -> dict[str, Any]:
+    """Measure what ``plan`` asks for that ``path`` does not hold yet; returns what was done."""
+    from tunecore.registry import Registry
+    from tunecore.targets import resolve_target
+    from tunecore.workloads import extract_tasks, load_workload
+
+    _check_plan(plan)
+    registry = registry or Registry.shared()
+    guided = plan.random_fraction < 1
+    if guided:
+        _check_installed(registry, "search", plan.search, "--search")
+        _check_installed(registry, "cost_model", plan.cost_model, "--cost-model")
+    dataset = Dataset.open(path)
+    workloads = [load_workload(spec) for spec in plan.models]
+    started = time.time()
+    report: dict[str, Any] = {"dataset": path, "devices": []}
+    for spec in plan.targets:
+        target = resolve_target(spec)
+        tasks = {}
+        for workload in workloads:
+            for task in extract_tasks(workload, target):
+                dataset.add_task(task)
+                tasks.setdefault(task.workload_hash, task)
+        with _measurer(registry, plan, target) as measurer:
+            device = measurer.device()
+            device_id = dataset.add_device(device)
+            counts = _Counts(dataset, device_id)
+            n_random = round(plan.per_task * plan.random_fraction)
+            needs = {key: max(0, plan.per_task - counts.total(key)) for key in tasks}
+            total = sum(needs.values()) if plan.max_programs is None else min(plan.max_programs, sum(needs.values()))
+            done = {"measured": 0, "failed": 0}
+            label = describe_device(device)
+            entry = {"device_id": device_id, "device": label, "tasks": len(tasks), "measured": 0, "failed": 0,
+                     "stopped": None}
+            report["devices"].append(entry)
+
+            def on_round(task_name: str, new: int, failed: int) -> None:
+                done["measured"] += new
+                done["failed"] += failed
+                if on_progress:
+                    on_progress(Progress(label, task_name, done["measured"], total, done["failed"]))
+                _check_limits(plan, started, done["measured"])
+
+            try:
+                for key, task in tasks.items():
+                    if not needs[key]:
+                        continue
+                    phases = [(RANDOM, n_random - counts.by(key, RANDOM))] if n_random else []
+                    if guided:
+                        phases.append((plan.search, None))
+                    for search, wanted in phases:
+                        left = plan.per_task - counts.total(key)
+                        if plan.max_programs is not None:
+                            left = min(left, plan.max_programs - done["measured"])
+                        trials = left if wanted is None else min(left, wanted)
+                        if trials > 0:
+                            _tune_one(dataset, path, task, device_id, search, trials, plan, registry, measurer,
+                                      on_round)
+            except _Stop as stop:
+                entry["stopped"] = str(stop)
+            entry.update(measured=done["measured"], failed=done["failed"])
+            if entry["stopped"]:
+                break
+    report["elapsed_s"] = round(time.time() - started, 1)
+    report["info"] = {k: v for k, v in dataset.info().items() if k in ("rows", "measured", "programs", "tasks")}
+    return report
+
+
+def remeasure(path: str, target_spec: str, *, per_task: int | None = None, source_device: str | None = None,
+              measurer_name: str = "local", options: dict[str, dict[str, Any]] | None = None, seed: int = 0,
+              time_limit: float | None = None, registry: Any = None,
+              on_progress: Callable[[Progress], None] | None = None) -> dict[str, Any]:
+    """Measure programs of the dataset on the device of ``target_spec``: the same traces, so that
+    models see one program on several devices.
+
+    Takes every program measured successfully on ``source_device`` (default: on any device), or per
+    task the first ``per_task`` of them in an order fixed by ``seed`` (so an interrupted remeasure
+    continues with the same programs).
+    """
+    from tunecore.data import Candidate
+    from tunecore.registry import Registry
+    from tunecore.targets import resolve_target
+    from tunecore.tvmjson import target_to_json
+
+    registry = registry or Registry.shared()
+    dataset = Dataset.load(path)
+    if source_device is not None:
+        from tunecore.dataset.split import device_of
+
+        source_device = device_of(dataset, source_device)
+    target = resolve_target(target_spec)
+    target_json = target_to_json(target)
+    kind = target.kind.name
+    chosen = _programs_to_remeasure(dataset, kind, per_task, source_device, seed)
+    if not chosen:
+        raise UsageError(f"{path}: no successfully measured {kind} programs to remeasure")
+    plan = CollectPlan([], measurer=measurer_name, options=options or {}, time_limit=time_limit)
+    started = time.time()
+    with _measurer(registry, plan, target) as measurer:
+        device = measurer.device()
+        device_id = dataset.add_device(device)
+        todo = {key: [r for r in rows if not dataset.has(key, r.program_key, device_id)]
+                for key, rows in chosen.items()}
+        total = sum(map(len, todo.values()))
+        label = describe_device(device)
+        measured = failed = 0
+        stopped = None
+        batch = 32 * measurer.capacity
+        try:
+            for key, rows in todo.items():
+                task = dataset.tasks[key].for_target(target_json)
+                for start in range(0, len(rows), batch):
+                    part = rows[start:start + batch]
+                    candidates = [Candidate(task, r.trace, r.program_key, r.origin) for r in part]
+                    results = measurer.measure(task, candidates)
+                    now = time.time()
+                    for row, result in zip(part, results):
+                        dataset.add(Measurement(key, row.program_key, row.trace, device_id, target_json,
+                                                result.run_secs, result.error, result.build_secs,
+                                                dict(result.profile), row.origin, row.collected_by, now))
+                    measured += len(part)
+                    failed += sum(r.latency is None for r in results)
+                    if on_progress:
+                        on_progress(Progress(label, task.name, measured, total, failed))
+                    _check_limits(plan, started, measured)
+                dataset.save(path)
+        except _Stop as stop:
+            stopped = str(stop)
+        finally:
+            dataset.save(path)
+    return {"dataset": path, "device_id": device_id, "device": label, "measured": measured, "failed": failed,
+            "left": total - measured, "stopped": stopped, "elapsed_s": round(time.time() - started, 1)}
+
+
+class _Counts:
+    """Programs per task on one device, in all and by the search that collected them."""
+
+    def __init__(self, dataset: Dataset, device_id: str):
+        self.dataset, self.device_id = dataset, device_id
+
+    def total(self, key: str) -> int:
+        return len(self.dataset.rows_of(key, self.device_id))
+
+    def by(self, key: str, collected_by: str) -> int:
+        return sum(r.collected_by == collected_by for r in self.dataset.rows_of(key, self.device_id))
+
+
+def _tune_one(dataset: Dataset, path: str, task: Any, device_id: str, search_name: str, trials: int,
+              plan: CollectPlan, registry: Any, measurer: Any, on_round: Callable[[str, int, int], None]) -> None:
+    """Run the tuning loop on one task with one search policy, starting from what the dataset holds
+    for it on this device; whatever got measured is saved, also when stopped or interrupted."""
+    from tunecore.api import _construct
+    from tunecore.options import options_for
+    from tunecore.store.sqlite import MemoryStore
+    from tunecore.tuner import Tuner, derive_seed
+
+    store = MemoryStore()
+    store.put_tasks([task])
+    store.commit([r.record(task) for r in dataset.rows_of(task.workload_hash, device_id)])
+    seed = derive_seed(plan.seed, task.workload_hash, device_id, search_name)
+    cost_model_name = "none" if search_name == RANDOM else plan.cost_model
+    cost_model = _construct(registry, "cost_model", cost_model_name, seed=seed,
+                            **options_for(plan.options, "cost_model", cost_model_name))
+    search = _construct(registry, "search", search_name, cost_model=cost_model, store=store, seed=seed,
+                        **options_for(plan.options, "search", search_name))
+    last = {"measured": 0, "errors": 0}
+
+    def report(round_report: Any) -> None:
+        new, errors = round_report.measured - last["measured"], round_report.errors - last["errors"]
+        last.update(measured=round_report.measured, errors=round_report.errors)
+        on_round(task.name, new, errors)
+
+    try:
+        Tuner(search=search, cost_model=cost_model, store=store, measurer=measurer, seed=seed,
+              on_round=report).tune([task], trials, {"model": task.model, "run_key": "dataset"})
+    finally:
+        for record in store.records(task.task_id):
+            dataset.add(Measurement.of(task, record, device_id, collected_by=search_name))
+        dataset.save(path)
+        search.close()
+        cost_model.close()
+        store.close()
+
+
+def _programs_to_remeasure(dataset: Dataset, kind: str, per_task: int | None, source_device: str | None,
+                           seed: int) -> dict[str, list[Measurement]]:
+    import json
+
+    chosen: dict[str, dict[str, Measurement]] = {}
+    for row in dataset.rows:
+        if row.latency is None or json.loads(row.target)["kind"] != kind:
+            continue
+        if source_device is None or row.device_id == source_device:
+            chosen.setdefault(row.task_key, {}).setdefault(row.program_key, row)
+    out = {}
+    for key, programs in sorted(chosen.items()):
+        order = sorted(programs, key=lambda p: hashlib.sha256(f"{seed}|{p}".encode()).digest())
+        out[key] = [programs[p] for p in order[:per_task]]
+    return out
+
+
+@contextlib.contextmanager
+def _measurer(registry: Any, plan: CollectPlan, target: Any) -> Iterator[Any]:
+    """The measurer of a plan for a target, closed afterwards."""
+    from tunecore.api import _construct
+    from tunecore.options import options_for
+
+    registry.check_target(target, measurer=plan.measurer)
+    measurer = _construct(registry, "measurer", plan.measurer, target, **options_for(plan.options, "measurer",
+                                                                                      plan.measurer))
+    try:
+        yield measurer
+    finally:
+        measurer.close()
+
+
+def _check_limits(plan: CollectPlan, started: float, measured: int) -> None:
+    if plan.time_limit is not None and time.time() - started >= plan.time_limit:
+        raise _Stop(f"time limit {plan.time_limit:g} s")
+    if plan.max_programs is not None and measured >= plan.max_programs:
+        raise _Stop(f"max programs {plan.max_programs}")
+
+
+def _check_plan(plan: CollectPlan) -> None:
+    if not plan.models:
+        raise UsageError("name at least one --model")
+    if plan.per_task < 1:
+        raise UsageError("--per-task must be >= 1")
+    if not 0 <= plan.random_fraction <= 1:
+        raise UsageError("--random-fraction must be between 0 and 1")
+    for name, value in (("--max-programs", plan.max_programs), ("--time-limit", plan.time_limit)):
+        if value is not None and value <= 0:
+            raise UsageError(f"{name} must be > 0")
+
+
+def _check_installed(registry: Any, role: str, name: str, flag: str) -> None:
+    if name not in registry.names(role):
+        raise UsageError(f"{flag} {name}: not installed (installed: {', '.join(registry.names(role))}); "
+                         "pass another, or --random-fraction 1 to sample at random only")

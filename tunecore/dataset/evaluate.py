@@ -1,0 +1,159 @@
+"""The yardstick (``tunecore costmodel eval``): every cost model trained and tested the same way.
+
+Each model is constructed by name from the registry (third-party ones included), taught the training
+side through ``CostModel.update_all`` and asked to ``predict`` the test side one (task, device) group
+at a time, with ``model.device`` set to the device the group was measured on. Ranking is judged
+within a group, on the programs that ran (failures are training data, not test data):
+
+- ``spearman``: rank correlation of score and speed, mean over groups;
+- ``pairwise_accuracy``: share of pairs with different latencies the scores order right (a tie counts half);
+- ``recall@k``: share of the k fastest programs among the k best-scored, mean over groups;
+- ``top1_score``/``top5_score``: TenSet's score, sum over groups of weight x best latency over sum of
+  weight x (best latency among the k best-scored), weight = calls per inference of the tested workloads;
+- for models that predict latency (``predicts_latency``): ``mape`` and ``rmse_ms`` of the predicted seconds;
+- ``train_s`` and ``predict_programs_per_s`` (programs replayed into schedules before the clock starts).
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from tunecore.dataset.split import Split
+from tunecore.dataset.table import Dataset, Measurement
+
+TOP_K = (1, 5, 32)
+
+
+def evaluate(dataset: Dataset, split: Split, model_names: Sequence[str], *, seed: int = 0,
+             options: dict[str, dict[str, Any]] | None = None, registry: Any = None) -> dict[str, Any]:
+    """Metrics per cost model (see the module docstring), with the split's sizes."""
+    from tunecore.registry import Registry
+
+    registry = registry or Registry.shared()
+    for name in model_names:
+        registry.get("cost_model", name)  # an unknown name fails before any work
+    train = _groups(dataset, split.train)
+    test = _groups(dataset, [r for r in split.test if r.latency is not None])
+    for _, candidates, _, _ in train + test:
+        for c in candidates:
+            _ = c.sch  # replay once, outside every model's clock; candidates are shared by the models
+    out: dict[str, Any] = {
+        "split": split.spec,
+        "train": {"measurements": len(split.train), "groups": len(train)},
+        "test": {"measurements": sum(len(g[1]) for g in test), "groups": len(test)},
+        "models": {},
+    }
+    for name in model_names:
+        out["models"][name] = _evaluate_one(registry, name, train, test, split, seed, options or {})
+    return out
+
+
+def _evaluate_one(registry: Any, name: str, train: list, test: list, split: Split, seed: int,
+                  options: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    from tunecore.api import _construct
+    from tunecore.options import options_for
+
+    model = _construct(registry, "cost_model", name, seed=seed, **options_for(options, "cost_model", name))
+    try:
+        started = time.perf_counter()
+        by_device: dict[str, list] = collections.defaultdict(list)
+        for task, candidates, results, device in train:
+            by_device[repr(device)].append((device, (task, candidates, results)))
+        for batches in by_device.values():
+            model.device = batches[0][0]
+            model.update_all([batch for _, batch in batches])
+        train_s = time.perf_counter() - started
+        scores, predicted_s, predict_s = [], [], 0.0
+        for task, candidates, _, device in test:
+            model.device = device
+            started = time.perf_counter()
+            scores.append(np.asarray(model.predict(task, candidates), dtype=float))
+            if model.predicts_latency:
+                predicted_s.append(np.asarray(model.predict_latency(task, candidates), dtype=float))
+            predict_s += time.perf_counter() - started
+    finally:
+        model.close()
+    rng = np.random.default_rng(seed)
+    latencies = [np.array([r.latency for r in results]) for _, _, results, _ in test]
+    weights = [split.weights.get(task.workload_hash, 1) for task, _, _, _ in test]
+    metrics = ranking_metrics(latencies, scores, weights, rng)
+    if model.predicts_latency:
+        metrics.update(latency_metrics(latencies, predicted_s))
+    n_test = sum(map(len, latencies))
+    metrics.update(train_s=round(train_s, 3),
+                   predict_programs_per_s=round(n_test / predict_s, 1) if predict_s > 0 else None)
+    return metrics
+
+
+def ranking_metrics(latencies: list[np.ndarray], scores: list[np.ndarray], weights: list[float],
+                    rng: np.random.Generator) -> dict[str, Any]:
+    """Ranking quality over groups (arrays of one group's latencies and scores, higher score = faster)."""
+    from scipy.stats import spearmanr
+
+    spearman, pairwise, best_sum = [], [], 0.0
+    recall: dict[int, list[float]] = {k: [] for k in TOP_K}
+    chosen_sum = dict.fromkeys((1, 5), 0.0)
+    for latency, score, weight in zip(latencies, scores, weights):
+        if len(latency) < 2:
+            continue
+        # ties in score are broken at random, not by the order of the file
+        order = np.lexsort((rng.random(len(score)), -score))
+        true_order = np.argsort(latency, kind="stable")
+        if np.ptp(score) > 0:
+            spearman.append(float(spearmanr(score, -latency).statistic))
+        else:
+            spearman.append(0.0)
+        pairwise.append(_pairwise_accuracy(latency, score))
+        for k in TOP_K:
+            kk = min(k, len(latency))
+            recall[k].append(len(set(order[:kk]) & set(true_order[:kk])) / kk)
+        best_sum += weight * latency.min()
+        for k in chosen_sum:
+            chosen_sum[k] += weight * latency[order[:k]].min()
+    return {
+        "groups_ranked": len(spearman),
+        "spearman": _mean(spearman),
+        "pairwise_accuracy": _mean(pairwise),
+        **{f"recall@{k}": _mean(v) for k, v in recall.items()},
+        **{f"top{k}_score": round(best_sum / chosen, 4) if chosen else None for k, chosen in chosen_sum.items()},
+    }
+
+
+def latency_metrics(latencies: list[np.ndarray], predicted: list[np.ndarray]) -> dict[str, Any]:
+    true, pred = np.concatenate(latencies), np.concatenate(predicted)
+    return {"mape": round(float(np.mean(np.abs(pred - true) / true)), 4),
+            "rmse_ms": round(float(np.sqrt(np.mean((pred - true) ** 2))) * 1e3, 4)}
+
+
+def _pairwise_accuracy(latency: np.ndarray, score: np.ndarray) -> float:
+    faster = latency[:, None] < latency[None, :]  # i is faster than j
+    if not faster.any():
+        return 0.5
+    right = (score[:, None] > score[None, :]) & faster
+    tied = (score[:, None] == score[None, :]) & faster
+    return float((right.sum() + 0.5 * tied.sum()) / faster.sum())
+
+
+def _groups(dataset: Dataset, rows: list[Measurement]) -> list[tuple[Any, list, list, dict[str, Any]]]:
+    """(task, candidates, results, device description) per (task, device), in a fixed order."""
+    from tunecore.data import Candidate, MeasureResult
+
+    grouped: dict[tuple[str, str, str], list[Measurement]] = collections.defaultdict(list)
+    for row in rows:
+        grouped[row.task_key, row.device_id, row.target].append(row)
+    out = []
+    for (key, device_id, target), members in sorted(grouped.items()):
+        task = dataset.tasks[key].for_target(target)
+        device = dataset.devices[device_id]
+        out.append((task, [Candidate(task, r.trace, r.program_key, r.origin) for r in members],
+                    [MeasureResult(r.run_secs, r.error, r.build_secs, dict(r.profile), device=device) for r in members],
+                    device))
+    return out
+
+
+def _mean(values: list[float]) -> float | None:
+    return round(float(np.mean(values)), 4) if values else None

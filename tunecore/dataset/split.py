@@ -1,0 +1,88 @@
+"""Train/test splits of a dataset, named on the command line as ``KIND:VALUES``.
+
+- ``workload:zoo:resnet-18,zoo:mobilenet-v2`` -- cross-model: every task that occurs in a held-out
+  workload is tested, so a kernel two networks share is never on both sides;
+- ``device:ID[,ID]`` -- cross-device: measurements on those devices (ids or unique prefixes) are tested,
+  the other devices' are trained on;
+- ``task:FRACTION`` -- that fraction of the tasks, chosen by seed, is tested;
+- ``random:FRACTION`` -- that fraction of the measurements, chosen by seed, is tested.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from tunecore.dataset.table import Dataset, Measurement
+from tunecore.errors import UsageError
+
+KINDS = ("workload", "device", "task", "random")
+
+
+@dataclasses.dataclass
+class Split:
+    spec: str
+    train: list[Measurement]
+    test: list[Measurement]
+    weights: dict[str, int]  # task key -> calls per inference of the tested workloads (1 if not split by workload)
+
+
+def split(dataset: Dataset, spec: str, seed: int = 0, devices: list[str] | None = None) -> Split:
+    """Split ``dataset`` as ``spec`` says, after keeping only ``devices`` (ids or prefixes) if given."""
+    kind, _, value = spec.partition(":")
+    if kind not in KINDS or not value:
+        raise UsageError(f"--split {spec}: expected KIND:VALUES with KIND one of {', '.join(KINDS)}")
+    rows = dataset.rows
+    if devices:
+        keep = {device_of(dataset, d) for d in devices}
+        rows = [r for r in rows if r.device_id in keep]
+    weights = {key: sum(task.workloads.values()) or 1 for key, task in dataset.tasks.items()}
+    if kind == "workload":
+        held = [w.strip() for w in value.split(",") if w.strip()]
+        known = {w for t in dataset.tasks.values() for w in t.workloads}
+        for workload in held:
+            if workload not in known:
+                raise UsageError(f"--split {spec}: workload {workload} is not in the dataset "
+                                 f"(it has: {', '.join(sorted(known))})")
+        weights = {key: sum(task.workloads.get(w, 0) for w in held) for key, task in dataset.tasks.items()}
+        tested = {key for key, weight in weights.items() if weight}
+        in_test = [r.task_key in tested for r in rows]
+    elif kind == "device":
+        held_devices = {device_of(dataset, d.strip()) for d in value.split(",") if d.strip()}
+        in_test = [r.device_id in held_devices for r in rows]
+    else:
+        fraction = _fraction(spec, value)
+        rng = np.random.default_rng(seed)
+        if kind == "task":
+            keys = sorted({r.task_key for r in rows})
+            tested = {keys[i] for i in rng.permutation(len(keys))[:max(1, round(fraction * len(keys)))]}
+            in_test = [r.task_key in tested for r in rows]
+        else:
+            in_test = list(rng.random(len(rows)) < fraction)
+    result = Split(spec, [r for r, t in zip(rows, in_test) if not t], [r for r, t in zip(rows, in_test) if t],
+                   weights)
+    for side in ("train", "test"):
+        if not getattr(result, side):
+            raise UsageError(f"--split {spec}: the {side} side is empty")
+    return result
+
+
+def device_of(dataset: Dataset, text: str) -> str:
+    """The device id ``text`` names: an id, or a prefix of exactly one."""
+    if text in dataset.devices:
+        return text
+    matches = [d for d in dataset.devices if d.startswith(text)]
+    if len(matches) != 1:
+        raise UsageError(f"device {text}: not one of the dataset's devices ({', '.join(dataset.devices) or 'none'})")
+    return matches[0]
+
+
+def _fraction(spec: str, value: str) -> float:
+    try:
+        fraction = float(value)
+    except ValueError:
+        fraction = -1.0
+    if not 0 < fraction < 1:
+        raise UsageError(f"--split {spec}: the fraction must be a number between 0 and 1")
+    return fraction
