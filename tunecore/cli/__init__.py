@@ -64,6 +64,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tunecore: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("tunecore: interrupted; every committed round is in the store, run the same command to resume",
+        print("tunecore: interrupted; every committed round is saved, run the same command to resume",
               file=sys.stderr)
         return 130

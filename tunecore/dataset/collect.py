@@ -100,6 +100,7 @@ def collect(path: str, plan: CollectPlan, *, registry: Any = None,
                     on_progress(Progress(label, task_name, done["measured"], total, done["failed"]))
                 _check_limits(plan, started, done["measured"])
 
+            saver = _Saver(dataset, path)
             try:
                 for key, task in tasks.items():
                     if not needs[key]:
@@ -113,10 +114,12 @@ def collect(path: str, plan: CollectPlan, *, registry: Any = None,
                             left = min(left, plan.max_programs - done["measured"])
                         trials = left if wanted is None else min(left, wanted)
                         if trials > 0:
-                            _tune_one(dataset, path, task, device_id, search, trials, plan, registry, measurer,
-                                      on_round)
+                            _tune_one(dataset, task, device_id, search, trials, plan, registry, measurer, on_round)
+                            saver.save(at_most_every=60)
             except _Stop as stop:
                 entry["stopped"] = str(stop)
+            finally:
+                saver.save()
             entry.update(measured=done["measured"], failed=done["failed"])
             if entry["stopped"]:
                 break
@@ -165,6 +168,7 @@ def remeasure(path: str, target_spec: str, *, per_task: int | None = None, sourc
         measured = failed = 0
         stopped = None
         batch = 32 * measurer.capacity
+        saver = _Saver(dataset, path)
         try:
             for key, rows in todo.items():
                 task = dataset.tasks[key].for_target(target_json)
@@ -182,11 +186,11 @@ def remeasure(path: str, target_spec: str, *, per_task: int | None = None, sourc
                     if on_progress:
                         on_progress(Progress(label, task.name, measured, total, failed))
                     _check_limits(plan, started, measured)
-                dataset.save(path)
+                saver.save(at_most_every=60)
         except _Stop as stop:
             stopped = str(stop)
         finally:
-            dataset.save(path)
+            saver.save()
     return {"dataset": path, "device_id": device_id, "device": label, "measured": measured, "failed": failed,
             "left": total - measured, "stopped": stopped, "elapsed_s": round(time.time() - started, 1)}
 
@@ -204,10 +208,10 @@ class _Counts:
         return sum(r.collected_by == collected_by for r in self.dataset.rows_of(key, self.device_id))
 
 
-def _tune_one(dataset: Dataset, path: str, task: Any, device_id: str, search_name: str, trials: int,
-              plan: CollectPlan, registry: Any, measurer: Any, on_round: Callable[[str, int, int], None]) -> None:
+def _tune_one(dataset: Dataset, task: Any, device_id: str, search_name: str, trials: int, plan: CollectPlan,
+              registry: Any, measurer: Any, on_round: Callable[[str, int, int], None]) -> None:
     """Run the tuning loop on one task with one search policy, starting from what the dataset holds
-    for it on this device; whatever got measured is saved, also when stopped or interrupted."""
+    for it on this device; whatever got measured goes into the dataset, also when stopped or interrupted."""
     from tunecore.api import _construct
     from tunecore.options import options_for
     from tunecore.store.sqlite import MemoryStore
@@ -235,7 +239,6 @@ def _tune_one(dataset: Dataset, path: str, task: Any, device_id: str, search_nam
     finally:
         for record in store.records(task.task_id):
             dataset.add(Measurement.of(task, record, device_id, collected_by=search_name))
-        dataset.save(path)
         search.close()
         cost_model.close()
         store.close()
@@ -256,6 +259,19 @@ def _programs_to_remeasure(dataset: Dataset, kind: str, per_task: int | None, so
         order = sorted(programs, key=lambda p: hashlib.sha256(f"{seed}|{p}".encode()).digest())
         out[key] = [programs[p] for p in order[:per_task]]
     return out
+
+
+class _Saver:
+    """Rewrites the dataset file, at most once a minute while collecting (the file grows; rewriting it
+    after every task would cost more than the task as it nears its full size), and at the end."""
+
+    def __init__(self, dataset: Dataset, path: str):
+        self.dataset, self.path, self.saved_at = dataset, path, time.time()
+
+    def save(self, at_most_every: float = 0) -> None:
+        if time.time() - self.saved_at >= at_most_every:
+            self.dataset.save(self.path)
+            self.saved_at = time.time()
 
 
 @contextlib.contextmanager

@@ -119,7 +119,7 @@ def ranking_metrics(latencies: list[np.ndarray], scores: list[np.ndarray], weigh
         "spearman": _mean(spearman),
         "pairwise_accuracy": _mean(pairwise),
         **{f"recall@{k}": _mean(v) for k, v in recall.items()},
-        **{f"top{k}_score": round(best_sum / chosen, 4) if chosen else None for k, chosen in chosen_sum.items()},
+        **{f"top{k}_score": round(float(best_sum / chosen), 4) if chosen else None for k, chosen in chosen_sum.items()},
     }
 
 

@@ -234,3 +234,18 @@ class TestAnsorIsASearchPolicy(SearchPolicyConformance):
 class TestXgbIsACostModel(CostModelConformance):
     name = "xgb"
     options = {"min_data": 4}
+
+
+def test_dataset_collect_mixes_random_and_guided_programs(tmp_path):
+    """`tunecore dataset collect` by default: half of each task's programs at random, half by ansor + xgb."""
+    from tunecore.dataset.table import Dataset
+    from tunecore.testing.cli import cli_json, run_cli
+
+    path = tmp_path / "d.parquet"
+    report = cli_json(run_cli("dataset", "collect", "--model", "op:matmul-64", "--per-task", "12", "--out", str(path),
+                              "--json"))
+    assert report["devices"][0]["measured"] == 12
+    rows = Dataset.load(str(path)).rows
+    assert sorted(r.collected_by for r in rows) == ["ansor"] * 6 + ["random"] * 6
+    assert all(r.origin.startswith("ansor:") for r in rows if r.collected_by == "ansor")
+    assert len({r.program_key for r in rows}) == 12

@@ -1,0 +1,78 @@
+"""Cost models on the shipped dataset: the cross-model split (resnet-18, mobilenet-v2, bert-tiny held out)
+and a cross-device split, through `tunecore costmodel eval`'s own code.
+
+    python bench/costmodel_eval.py [--dataset datasets/tenset-cpu.parquet] [--cost-model xgb,none]
+                                   [--device-split device:ID]
+
+Cross-model trains and tests on the dataset's primary device (the one with the most measurements), so the
+two splits vary one thing each. The cross-device split (default: hold out every device but the primary)
+trains on the primary device's measurements and tests on the held-out devices' (the same programs,
+remeasured). Writes bench/results/costmodel_eval.json and .md.
+"""
+
+from __future__ import annotations
+
+from tunecore import experiments
+from tunecore.dataset.evaluate import evaluate
+from tunecore.dataset.split import split
+from tunecore.dataset.table import Dataset
+from tunecore.experiments import command_line, environment, write_results
+
+CROSS_MODEL = "workload:zoo:resnet-18,zoo:mobilenet-v2,zoo:bert-tiny"
+COLUMNS = ("spearman", "pairwise_accuracy", "recall@1", "recall@5", "recall@32", "top1_score", "top5_score",
+           "mape", "train_s", "predict_programs_per_s")
+
+
+def main() -> None:
+    parser = experiments.script_parser(__doc__, __file__)
+    parser.add_argument("--dataset", default="datasets/tenset-cpu.parquet")
+    parser.add_argument("--cost-model", default="xgb,none")
+    parser.add_argument("--device-split", default=None, help="default: every device but the primary one")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    dataset = Dataset.load(args.dataset)
+    info = dataset.info()
+    primary = next(iter(info["devices"]))  # info lists devices by measurement count, most first
+    others = [d for d in info["devices"] if d != primary]
+    models = [m.strip() for m in args.cost_model.split(",") if m.strip()]
+    splits = {"cross-model": split(dataset, CROSS_MODEL, args.seed, devices=[primary])}
+    if args.device_split or others:
+        splits["cross-device"] = split(dataset, args.device_split or "device:" + ",".join(others), args.seed)
+    report = {
+        "command": command_line("costmodel_eval.py"),
+        "environment": environment(),
+        "dataset": {"path": args.dataset, "rows": info["rows"], "measured": info["measured"], "tasks": info["tasks"],
+                    "devices": {d: v["description"] for d, v in info["devices"].items()}, "primary": primary},
+        "results": {name: evaluate(dataset, s, models, seed=args.seed) for name, s in splits.items()},
+    }
+    write_results(args.out, "costmodel_eval", report, markdown(report))
+
+
+def markdown(report: dict) -> str:
+    data = report["dataset"]
+    lines = [
+        "# Cost models on the shipped dataset",
+        "",
+        f"Dataset `{data['path']}`: {data['measured']} measured programs ({data['rows']} rows) of {data['tasks']} "
+        f"tasks on {len(data['devices'])} devices; primary device {data['devices'][data['primary']]}.",
+        f"Command: `{report['command']}`.",
+        "",
+    ]
+    for name, result in report["results"].items():
+        lines += [f"## {name}: `{result['split']}`", "",
+                  f"train {result['train']['measurements']} measurements, test {result['test']['measurements']} "
+                  f"programs in {result['test']['groups']} task x device groups", "",
+                  "| cost model | " + " | ".join(COLUMNS) + " |", "|---|" + "---:|" * len(COLUMNS)]
+        for model, metrics in result["models"].items():
+            lines.append(f"| {model} | " + " | ".join(_cell(metrics.get(c)) for c in COLUMNS) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _cell(value: object) -> str:
+    return "-" if value is None else f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+if __name__ == "__main__":
+    main()

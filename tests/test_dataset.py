@@ -1,0 +1,243 @@
+"""Datasets: collect, resume, remeasure on another device, the file format, splits and the yardstick."""
+
+import json
+
+import numpy as np
+import pytest
+
+from tunecore import hookimpl
+from tunecore.dataset.evaluate import evaluate, ranking_metrics
+from tunecore.dataset.split import split
+from tunecore.dataset.table import Dataset, DatasetTask, Measurement
+from tunecore.errors import UsageError
+from tunecore.plugins import new_plugin_manager
+from tunecore.registry import Registry
+from tunecore.roles import CostModel
+from tunecore.testing.cli import assert_one_line_exit_2, cli_json, run_cli
+
+OTHER_DEVICE = '{"kind":"llvm","mcpu":"x86-64-v2","num-cores":1}'
+BUILTIN = ["--search", "random", "--cost-model", "none"]  # the core's tests use built-in components only
+METRICS = ("spearman", "pairwise_accuracy", "recall@1", "recall@5", "recall@32", "top1_score", "top5_score",
+           "train_s", "predict_programs_per_s")
+
+
+@pytest.fixture(scope="module")
+def collected(tmp_path_factory):
+    """Two workloads, 8 programs per task on this machine, the same programs remeasured on another device."""
+    path = tmp_path_factory.mktemp("dataset") / "d.parquet"
+    first = run_cli("dataset", "collect", "--model", "op:matmul-64,op:matmul-96x64x80", "--per-task", "8",
+                    "--out", str(path), *BUILTIN, "--json")
+    first = cli_json(first)
+    info = cli_json(run_cli("dataset", "info", str(path), "--json"))
+    again = cli_json(run_cli("dataset", "collect", "--model", "op:matmul-64,op:matmul-96x64x80", "--per-task", "8",
+                             "--out", str(path), *BUILTIN, "--json"))
+    remeasured = cli_json(run_cli("dataset", "remeasure", str(path), "--target", OTHER_DEVICE, "--json"))
+    return path, first, info, again, remeasured
+
+
+def test_collect_measures_per_task_with_device_identity(collected):
+    path, first, info, _, _ = collected
+    assert first["devices"][0]["measured"] == 16
+    assert info["rows"] == 16 and info["tasks"] == 2
+    assert {w: v["rows"] for w, v in info["workloads"].items()} == {"op:matmul-64": 8, "op:matmul-96x64x80": 8}
+    dataset = Dataset.load(str(path))
+    primary = dataset.rows[0].device_id
+    assert dataset.devices[primary]["cpu"] and dataset.devices[primary]["cores"] >= 1
+    by = {r.collected_by for r in dataset.rows}
+    assert by == {"random"} and all(r.trace and r.program_key for r in dataset.rows)
+
+
+def test_collect_again_measures_nothing(collected):
+    _, _, info, again, _ = collected
+    assert again["devices"][0]["measured"] == 0
+    assert again["info"]["rows"] == info["rows"]
+
+
+def test_remeasure_adds_the_same_programs_on_another_device(collected):
+    path, _, info, _, remeasured = collected
+    dataset = Dataset.load(str(path))
+    assert len(dataset.devices) == 2 and remeasured["measured"] == info["measured"]
+    other = remeasured["device_id"]
+    assert dataset.devices[other]["mcpu"] == "x86-64-v2" and dataset.devices[other]["cores"] == 1
+    programs = {}
+    for row in dataset.rows:
+        programs.setdefault(row.device_id, set()).add((row.task_key, row.program_key))
+    primary = next(d for d in programs if d != other)
+    assert programs[other] == {(r.task_key, r.program_key) for r in dataset.rows
+                               if r.device_id == primary and r.latency is not None}
+    again = cli_json(run_cli("dataset", "remeasure", str(path), "--target", OTHER_DEVICE, "--json"))
+    assert again["measured"] == 0
+
+
+def test_file_round_trip_merge_and_store_round_trip(collected, tmp_path):
+    path = collected[0]
+    dataset = Dataset.load(str(path))
+    copy = tmp_path / "copy.parquet"
+    dataset.save(str(copy))
+    again = Dataset.load(str(copy))
+    assert [vars(r) for r in again.rows] == [vars(r) for r in sorted(dataset.rows, key=_order)]
+    assert {k: vars(t) for k, t in again.tasks.items()} == {k: vars(t) for k, t in dataset.tasks.items()}
+    merged = tmp_path / "merged.parquet"
+    cli_json_text = run_cli("dataset", "merge", str(path), str(copy), "--out", str(merged))
+    assert cli_json_text.returncode == 0, cli_json_text.stderr
+    assert len(Dataset.load(str(merged)).rows) == len(dataset.rows)
+
+    store = tmp_path / "s.db"
+    imported = run_cli("dataset", "import", str(path), "--store", str(store))
+    assert imported.returncode == 0 and f"{len(dataset.rows)} new records" in imported.stdout
+    exported = tmp_path / "back.parquet"
+    assert run_cli("dataset", "export", "--store", str(store), "--out", str(exported)).returncode == 0
+    back = Dataset.load(str(exported))
+    assert sorted((r.task_key, r.program_key, r.device_id, r.latency) for r in back.rows) == \
+        sorted((r.task_key, r.program_key, r.device_id, r.latency) for r in dataset.rows)
+    assert back.devices == dataset.devices
+
+
+def _order(row):
+    return row.task_key, row.device_id, row.measured_at
+
+
+def test_costmodel_eval_prints_every_metric(collected):
+    path = collected[0]
+    result = cli_json(run_cli("costmodel", "eval", "--dataset", str(path), "--cost-model", "none",
+                              "--split", "workload:op:matmul-64", "--json"))
+    none = result["models"]["none"]
+    for metric in METRICS:
+        assert metric in none, metric
+    assert "mape" not in none  # `none` ranks; it does not predict seconds
+    assert result["test"]["groups"] == 2  # matmul-64 on two devices
+    assert none["spearman"] == 0.0  # constant scores carry no order
+
+
+class _ConstantLatency(CostModel):
+    """Predicts 1 ms for everything: its error in seconds is known exactly."""
+
+    name = "constant-ms"
+    learns = False
+    predicts_latency = True
+
+    def update(self, task, candidates, results):
+        self.devices_seen = getattr(self, "devices_seen", []) + [self.device]
+
+    def predict(self, task, candidates):
+        return np.zeros(len(candidates))
+
+    def predict_latency(self, task, candidates):
+        return np.full(len(candidates), 1e-3)
+
+
+class _Plugin:
+    @hookimpl
+    def tunecore_register_cost_models(self, register):
+        register(_ConstantLatency)
+
+
+def test_latency_metrics_for_a_model_that_predicts_seconds(collected):
+    dataset = Dataset.load(str(collected[0]))
+    pm = new_plugin_manager(autoload=False)
+    pm.register(_Plugin())
+    the_split = split(dataset, "workload:op:matmul-64")
+    result = evaluate(dataset, the_split, ["constant-ms", "none"], registry=Registry(pm))
+    true = np.array([r.latency for r in the_split.test if r.latency is not None])
+    assert result["models"]["constant-ms"]["mape"] == pytest.approx(np.mean(np.abs(1e-3 - true) / true), abs=1e-4)
+    assert result["models"]["constant-ms"]["rmse_ms"] == pytest.approx(np.sqrt(np.mean((1e-3 - true) ** 2)) * 1e3,
+                                                                       abs=1e-4)
+
+
+def test_ranking_metrics_of_perfect_reversed_and_known_orders():
+    rng = np.random.default_rng(0)
+    latency = [np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])]
+    perfect = ranking_metrics(latency, [-latency[0]], [1], rng)
+    assert perfect["spearman"] == 1.0 and perfect["pairwise_accuracy"] == 1.0
+    assert perfect["recall@1"] == 1.0 and perfect["top1_score"] == 1.0 and perfect["top5_score"] == 1.0
+    reversed_ = ranking_metrics(latency, [latency[0]], [1], rng)
+    assert reversed_["spearman"] == -1.0 and reversed_["pairwise_accuracy"] == 0.0
+    assert reversed_["top1_score"] == pytest.approx(1 / 6, abs=1e-4) and reversed_["top5_score"] == pytest.approx(1 / 2)
+    # two tasks, weights 1 and 3: the score is sum(w * best) / sum(w * chosen)
+    two = ranking_metrics([np.array([1.0, 2.0]), np.array([1.0, 4.0])], [np.array([0.0, 1.0]), np.array([1.0, 0.0])],
+                          [1, 3], rng)
+    assert two["top1_score"] == pytest.approx((1 + 3) / (2 + 3), abs=1e-4)
+    assert two["recall@1"] == 0.5
+
+
+def _synthetic():
+    """Tasks A (in w1 and w2), B (w1), C (w2) with 4 programs each on devices d1 and d2; no TVM involved."""
+    dataset = Dataset()
+    for key, workloads in (("A", {"w1": 1, "w2": 2}), ("B", {"w1": 1}), ("C", {"w2": 3})):
+        dataset.add_task(DatasetTask(key, f"task{key}", "k", 1.0, "{}", [], workloads))
+    for device in ("d1", "d2"):
+        dataset.devices[device] = {"cpu": device}
+        for key in "ABC":
+            for i in range(4):
+                dataset.add(Measurement(key, f"p{i}", "[]", device, '{"kind": "llvm"}', [1e-3 * (i + 1)]))
+    return dataset
+
+
+def test_cross_model_split_keeps_a_shared_kernel_on_the_test_side():
+    dataset = _synthetic()
+    result = split(dataset, "workload:w2")
+    assert {r.task_key for r in result.test} == {"A", "C"}
+    assert {r.task_key for r in result.train} == {"B"}
+    assert result.weights["A"] == 2 and result.weights["C"] == 3 and result.weights["B"] == 0
+
+
+def test_device_task_and_random_splits_are_reproducible():
+    dataset = _synthetic()
+    by_device = split(dataset, "device:d2")
+    assert {r.device_id for r in by_device.test} == {"d2"} and {r.device_id for r in by_device.train} == {"d1"}
+    tasks = split(dataset, "task:0.34", seed=3)
+    assert len({r.task_key for r in tasks.test}) == 1
+    assert not {r.task_key for r in tasks.test} & {r.task_key for r in tasks.train}
+    assert [vars(r) for r in split(dataset, "random:0.5", seed=1).test] == \
+        [vars(r) for r in split(dataset, "random:0.5", seed=1).test]
+    only_d1 = split(dataset, "task:0.34", devices=["d1"])
+    assert {r.device_id for r in only_d1.train + only_d1.test} == {"d1"}
+
+
+@pytest.mark.parametrize("spec, fragment", [
+    ("bogus:1", "expected KIND:VALUES"),
+    ("workload:zoo:nosuch", "workload zoo:nosuch is not in the dataset"),
+    ("device:zz", "device zz: not one of"),
+    ("task:2", "between 0 and 1"),
+    ("workload:w1,w2", "the train side is empty"),
+])
+def test_bad_splits_are_one_line_errors(spec, fragment):
+    with pytest.raises(UsageError, match=fragment.replace("(", r"\(")):
+        split(_synthetic(), spec)
+
+
+def test_bad_dataset_files_are_one_line_errors(collected, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    assert_one_line_exit_2(run_cli("dataset", "info", str(tmp_path / "missing.parquet")), "no such dataset file")
+    text = tmp_path / "text.parquet"
+    text.write_text("hello")
+    assert_one_line_exit_2(run_cli("dataset", "info", str(text)), "not a Parquet file")
+    other = tmp_path / "other.parquet"
+    pq.write_table(pa.table({"x": [1]}), other)
+    assert_one_line_exit_2(run_cli("dataset", "info", str(other)), "not a tunecore-dataset file")
+    future = tmp_path / "future.parquet"
+    table = pq.read_table(collected[0])
+    pq.write_table(table.replace_schema_metadata({**{k.decode(): v.decode() for k, v in table.schema.metadata.items()},
+                                                  "format_version": "99"}), future)
+    assert_one_line_exit_2(run_cli("dataset", "info", str(future)), "version 99")
+    assert_one_line_exit_2(run_cli("costmodel", "eval", "--dataset", str(collected[0]), "--cost-model", "none",
+                                   "--split", "nokind:x"), "expected KIND:VALUES")
+    assert_one_line_exit_2(run_cli("costmodel", "eval", "--dataset", str(collected[0]), "--cost-model", "nosuch",
+                                   "--split", "random:0.5"), "unknown cost model 'nosuch'")
+    assert_one_line_exit_2(run_cli("dataset", "collect", "--model", "op:matmul-64", "--per-task", "4",
+                                   "--out", str(tmp_path / "d.csv")), "ends in .parquet")
+    assert_one_line_exit_2(run_cli("dataset", "collect", "--model", "op:matmul-64", "--per-task", "4",
+                                   "--out", str(tmp_path / "d.parquet"), "--search", "nosuch"),
+                           "--search nosuch: not installed")
+    assert_one_line_exit_2(run_cli("dataset", "remeasure", str(collected[0]), "--target", OTHER_DEVICE,
+                                   "--from-device", "nosuch"), "not one of the dataset's devices")
+
+
+def test_info_json_counts_by_device_workload_and_task(collected):
+    info = cli_json(run_cli("dataset", "info", str(collected[0]), "--json"))
+    assert info["format_version"] == 1 and len(info["devices"]) == 2
+    assert sum(d["rows"] for d in info["devices"].values()) == info["rows"]
+    assert sum(sum(t["rows_by_device"].values()) for t in info["by_task"].values()) == info["rows"]
+    json.dumps(info)
