@@ -1,7 +1,7 @@
 """Cost models on the shipped dataset: the cross-model split (resnet-18, mobilenet-v2, bert-tiny held out)
 and a cross-device split, through `tunecore costmodel eval`'s own code.
 
-    python bench/costmodel_eval.py [--dataset datasets/tenset-cpu.parquet] [--cost-model xgb,none]
+    python bench/costmodel_eval.py [--dataset datasets/cpu-programs.parquet] [--cost-model xgb,none]
                                    [--device-split device:ID]
 
 Cross-model trains and tests on the dataset's primary device (the one with the most measurements), so the
@@ -25,7 +25,7 @@ COLUMNS = ("spearman", "pairwise_accuracy", "recall@1", "recall@5", "recall@32",
 
 def main() -> None:
     parser = experiments.script_parser(__doc__, __file__)
-    parser.add_argument("--dataset", default="datasets/tenset-cpu.parquet")
+    parser.add_argument("--dataset", default="datasets/cpu-programs.parquet")
     parser.add_argument("--cost-model", default="xgb,none")
     parser.add_argument("--device-split", default=None, help="default: every device but the primary one")
     parser.add_argument("--seed", type=int, default=0)

@@ -241,3 +241,20 @@ def test_info_json_counts_by_device_workload_and_task(collected):
     assert sum(d["rows"] for d in info["devices"].values()) == info["rows"]
     assert sum(sum(t["rows_by_device"].values()) for t in info["by_task"].values()) == info["rows"]
     json.dumps(info)
+
+
+def test_a_stopped_collection_resumes_where_it_stopped(tmp_path):
+    from conftest import write_tiny_onnx
+
+    model = tmp_path / "tiny.onnx"
+    write_tiny_onnx(str(model))
+    path = tmp_path / "d.parquet"
+    args = ["dataset", "collect", "--model", str(model), "--per-task", "3", "--out", str(path),
+            "--random-fraction", "1", "--json"]
+    stopped = cli_json(run_cli(*args, "--max-programs", "4"))
+    assert stopped["devices"][0]["measured"] == 4 and stopped["devices"][0]["stopped"] == "max programs 4"
+    rest = cli_json(run_cli(*args))
+    info = Dataset.load(str(path)).info()
+    assert rest["devices"][0]["stopped"] is None
+    assert info["tasks"] == 3 and rest["devices"][0]["measured"] + 4 == info["rows"] >= 7  # a reshape has few
+    assert cli_json(run_cli(*args))["devices"][0]["measured"] == 0
