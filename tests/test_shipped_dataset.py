@@ -2,12 +2,10 @@
 
 import os
 
-from conftest import ROOT
-
 from tunecore.dataset.table import Dataset
 from tunecore.workloads import expand_models
 
-SHIPPED = os.path.join(ROOT, "datasets", "cpu-programs.parquet")
+SHIPPED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "datasets", "cpu-programs.parquet")
 
 
 def test_the_shipped_dataset_covers_every_zoo_network_and_ansors_single_ops():
