@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+from conftest import write_tiny_onnx
 
 from tunecore import hookimpl
 from tunecore.dataset.evaluate import evaluate, ranking_metrics
@@ -244,8 +245,6 @@ def test_info_json_counts_by_device_workload_and_task(collected):
 
 
 def test_a_stopped_collection_resumes_where_it_stopped(tmp_path):
-    from conftest import write_tiny_onnx
-
     model = tmp_path / "tiny.onnx"
     write_tiny_onnx(str(model))
     path = tmp_path / "d.parquet"
