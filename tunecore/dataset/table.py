@@ -288,7 +288,7 @@ class Dataset:
 
     def to_store(self, store: RecordStore) -> int:
         """Put every measurement into a record store (a run per device); returns how many records were new."""
-        before = 0
+        added = 0
         by_device: dict[str, list[Measurement]] = collections.defaultdict(list)
         for row in self.rows:
             by_device[row.device_id].append(row)
@@ -301,14 +301,14 @@ class Dataset:
             for task in tasks.values():
                 for workload, weight in self.tasks[task.workload_hash].workloads.items():
                     store.put_tasks([task.for_model(workload, weight)])
-            counts = store.counts([t.task_id for t in tasks.values()])
-            before += sum(counts.values())
+            task_ids = [t.task_id for t in tasks.values()]
+            before = sum(store.counts(task_ids).values())
             run_id = store.start_run({"source": "dataset import", "device": self.devices[identity]})
             store.commit([dataclasses.replace(row.record(tasks[row.task_key, row.target]), run_id=run_id)
                           for row in rows])
             store.finish_run(run_id, {"status": "finished", "trials_measured": len(rows)})
-            before -= sum(store.counts([t.task_id for t in tasks.values()]).values())
-        return -before
+            added += sum(store.counts(task_ids).values()) - before
+        return added
 
 
 def describe_device(description: dict[str, Any]) -> str:
