@@ -8,10 +8,11 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT
 
 from tunecore.testing.cli import assert_one_line_exit_2, run_cli
 from tunecore.testing.cli import cli_json as _json
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_run_stores_records_and_resumes_with_the_difference(tmp_path):

@@ -3,13 +3,13 @@
 import numpy as np
 import pytest
 import tvm_ffi
-from conftest import write_tiny_onnx
 
 from tunecore.compile import Runnable, best_database, build, random_inputs, scheduled_operator
 from tunecore.store.sqlite import SqliteStore
 from tunecore.targets import use_target_threads
 from tunecore.testing.cli import cli_json as _json
 from tunecore.testing.cli import run_cli
+from tunecore.testing.helpers import write_tiny_onnx
 from tunecore.workloads import extract_tasks, fuse, load_workload
 
 # Untuned builds are naive loop nests on one core; tuned ones are tiled, vectorized and parallel. Speedups

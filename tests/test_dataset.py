@@ -4,7 +4,6 @@ import json
 
 import numpy as np
 import pytest
-from conftest import write_tiny_onnx
 
 from tunecore import hookimpl
 from tunecore.dataset.evaluate import evaluate, ranking_metrics
@@ -15,6 +14,7 @@ from tunecore.plugins import new_plugin_manager
 from tunecore.registry import Registry
 from tunecore.roles import CostModel
 from tunecore.testing.cli import assert_one_line_exit_2, cli_json, run_cli
+from tunecore.testing.helpers import write_tiny_onnx
 
 OTHER_DEVICE = '{"kind":"llvm","mcpu":"x86-64-v2","num-cores":1}'
 BUILTIN = ["--search", "random", "--cost-model", "none"]  # the core's tests use built-in components only
