@@ -16,15 +16,14 @@ are cached per program, and the model is retrained on all data after every round
 
 from __future__ import annotations
 
-import collections
 import json
 from typing import Any, Sequence
 
 import numpy as np
 
+from tunecore.features import PerStoreFeatures
 from tunecore.interfaces import Candidate, CostModel, MeasureResult, Task, check_options, is_int, is_number
 
-N_FEATURES = 164
 _FORMAT = "tunecore-xgb"
 
 
@@ -51,61 +50,14 @@ class XGBModel(CostModel):
         self.params = {"max_depth": max_depth, "eta": eta, "min_child_weight": 0, "gamma": 1e-3,
                        "nthread": self.threads, "seed": self.seed, "verbosity": 0}
         self.booster: Any = None
-        self.cache: collections.OrderedDict[str, np.ndarray | None] = collections.OrderedDict()
-        self.cache_size = cache_size
-        self.contexts: dict[str, Any] = {}
+        self.extractor = PerStoreFeatures(self.threads, cache_size)
         # training data: per candidate its feature rows, task id and latency (None = failed)
         self.data: dict[tuple[str, str], tuple[np.ndarray, float | None]] = {}
         self.rng = np.random.default_rng(self.seed)
 
-    # features
-
     def features(self, task: Task, candidates: Sequence[Candidate]) -> list[np.ndarray | None]:
         """Per-store feature rows of each candidate (None where TVM cannot extract them)."""
-        missing = {}
-        for c in candidates:
-            if c.key not in self.cache and c.key not in missing:
-                missing[c.key] = c
-        if missing:
-            for key, rows in zip(missing, self._extract(task, list(missing.values()))):
-                self.cache[key] = rows
-            while len(self.cache) > self.cache_size:
-                self.cache.popitem(last=False)
-        return [self.cache.get(c.key) for c in candidates]
-
-    def _extract(self, task: Task, candidates: list[Candidate]) -> list[np.ndarray | None]:
-        from tvm.s_tir import meta_schedule as ms
-
-        context = self._context(task)
-        args = [ms.arg_info.ArgInfo.from_json(a) for a in task.args]
-        extractor = ms.feature_extractor.PerStoreFeature(extract_workload=False)
-
-        def extract(batch: list[Candidate]) -> list[np.ndarray]:
-            measure = [ms.MeasureCandidate(c.sch, args) for c in batch]
-            return [f.numpy().astype(np.float32) for f in extractor.extract_from(context, measure)]
-
-        try:
-            return list(extract(candidates))
-        except Exception:  # one bad program fails the batch: find it, keep the rest
-            out: list[np.ndarray | None] = []
-            for c in candidates:
-                try:
-                    out.append(extract([c])[0])
-                except Exception:
-                    out.append(None)
-            return out
-
-    def _context(self, task: Task) -> Any:
-        context = self.contexts.get(task.task_id)
-        if context is None:
-            from tvm.s_tir import meta_schedule as ms
-
-            from tunecore.targets import load_tensor_intrinsics
-
-            load_tensor_intrinsics(task.target)
-            context = ms.TuneContext(mod=task.mod, target=task.target, num_threads=self.threads)
-            self.contexts[task.task_id] = context
-        return context
+        return self.extractor(task, candidates)
 
     # learning
 
