@@ -7,7 +7,7 @@ import pytest
 
 from tunecore import hookimpl
 from tunecore.dataset.evaluate import evaluate, ranking_metrics
-from tunecore.dataset.split import split
+from tunecore.dataset.split import split, with_fine_tuning
 from tunecore.dataset.table import Dataset, DatasetTask, Measurement
 from tunecore.errors import UsageError
 from tunecore.plugins import new_plugin_manager
@@ -117,8 +117,13 @@ class _ConstantLatency(CostModel):
     learns = False
     predicts_latency = True
 
+    events: list = []  # what the last instance was told, in order
+
+    def reset(self):
+        _ConstantLatency.events = ["reset"]
+
     def update(self, task, candidates, results):
-        self.devices_seen = getattr(self, "devices_seen", []) + [self.device]
+        self.events.append({r.device["mcpu"] for r in results})
 
     def predict(self, task, candidates):
         return np.zeros(len(candidates))
@@ -172,6 +177,24 @@ def _synthetic():
             for i in range(4):
                 dataset.add(Measurement(key, f"p{i}", "[]", device, '{"kind": "llvm"}', [1e-3 * (i + 1)]))
     return dataset
+
+
+def test_eval_resets_models_and_fine_tunes_on_the_tested_device_last(collected):
+    """A cross-device split with fine-tuning data: the model is reset, taught the other device's programs,
+    then the tested device's fine-tuning tasks; those tasks are not tested."""
+
+    dataset = Dataset.load(str(collected[0]))
+    pm = new_plugin_manager(autoload=False)
+    pm.register(_Plugin())
+    primary, second = dataset.info()["devices"]
+    tune_on = sorted(dataset.tasks)[:1]
+    the_split = with_fine_tuning(split(dataset, f"device:{second}"), tune_on, per_task=3)
+    assert the_split.spec.endswith("+finetune:1x3") and not {r.task_key for r in the_split.test} & set(tune_on)
+    assert sum(r.device_id == second for r in the_split.train) == 3
+    evaluate(dataset, the_split, ["constant-ms"], registry=Registry(pm))
+    events = _ConstantLatency.events
+    assert events[0] == "reset" and events[-1] == {"x86-64-v2"}
+    assert all(e == {dataset.devices[primary]["mcpu"]} for e in events[1:-1]) and len(events) > 2
 
 
 def test_cross_model_split_keeps_a_shared_kernel_on_the_test_side():

@@ -113,6 +113,10 @@ class CostModel(Component):
         for task, candidates, results in batches:
             self.update(task, candidates, results)
 
+    def reset(self) -> None:
+        """Forget everything learned before, weights shipped with the model included. ``tunecore costmodel
+        eval`` calls it before training, so that no model is judged on programs it has already seen."""
+
     @abc.abstractmethod
     def predict(self, task: Task, candidates: Sequence[Candidate]) -> np.ndarray:
         """One float per candidate, higher = predicted faster. Only the order within a call matters."""

@@ -1,9 +1,12 @@
 """The yardstick (``tunecore costmodel eval``): every cost model trained and tested the same way.
 
-Each model is constructed by name from the registry (third-party ones included), taught the training
-side through ``CostModel.update_all`` and asked to ``predict`` the test side one (task, device) group
-at a time, with ``model.device`` set to the device the group was measured on. Ranking is judged
-within a group, on the programs that ran (failures are training data, not test data):
+Each model is constructed by name from the registry (third-party ones included), ``reset`` (so that
+weights it ships cannot have seen the test side) and taught the training side through
+``CostModel.update_all``, each result carrying the device it ran on: first the measurements on the
+devices that are not tested, then those on the tested devices (a cross-device split's fine-tuning
+data). It is then asked to ``predict`` the test side one (task, device) group at a time, with
+``model.device`` set to the device the group was measured on. Ranking is judged within a group, on
+the programs that ran (failures are training data, not test data):
 
 - ``spearman``: rank correlation of score and speed, mean over groups;
 - ``pairwise_accuracy``: share of pairs with different latencies the scores order right (a tie counts half);
@@ -36,8 +39,8 @@ def evaluate(dataset: Dataset, split: Split, model_names: Sequence[str], *, seed
     registry = registry or Registry.shared()
     for name in model_names:
         registry.get("cost_model", name)  # an unknown name fails before any work
-    train = _groups(dataset, split.train)
-    test = _groups(dataset, [r for r in split.test if r.latency is not None])
+    train = measured_groups(dataset, split.train)
+    test = measured_groups(dataset, [r for r in split.test if r.latency is not None])
     for _, candidates, _, _ in train + test:
         for c in candidates:
             _ = c.sch  # replay once, outside every model's clock; candidates are shared by the models
@@ -59,13 +62,15 @@ def _evaluate_one(registry: Any, name: str, train: list, test: list, split: Spli
 
     model = _construct(registry, "cost_model", name, seed=seed, **options_for(options, "cost_model", name))
     try:
+        model.reset()  # shipped weights may have seen the test side
         started = time.perf_counter()
-        by_device: dict[str, list] = collections.defaultdict(list)
-        for task, candidates, results, device in train:
-            by_device[repr(device)].append((device, (task, candidates, results)))
-        for batches in by_device.values():
-            model.device = batches[0][0]
-            model.update_all([batch for _, batch in batches])
+        # every result says which device it ran on; ``device`` is the one the model will be asked about
+        model.device = test[0][3] if test else None
+        test_devices = {repr(device) for *_, device in test}
+        for on_test_devices in (False, True):  # other devices' data first, then the (fine-tuning) data of the tested
+            batches = [(t, c, r) for t, c, r, device in train if (repr(device) in test_devices) == on_test_devices]
+            if batches:
+                model.update_all(batches)
         train_s = time.perf_counter() - started
         scores, predicted_s, predict_s = [], [], 0.0
         for task, candidates, _, device in test:
@@ -138,7 +143,7 @@ def _pairwise_accuracy(latency: np.ndarray, score: np.ndarray) -> float:
     return float((right.sum() + 0.5 * tied.sum()) / faster.sum())
 
 
-def _groups(dataset: Dataset, rows: list[Measurement]) -> list[tuple[Any, list, list, dict[str, Any]]]:
+def measured_groups(dataset: Dataset, rows: list[Measurement]) -> list[tuple[Any, list, list, dict[str, Any]]]:
     """(task, candidates, results, device description) per (task, device), in a fixed order."""
     from tunecore.data import Candidate, MeasureResult
 

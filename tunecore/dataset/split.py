@@ -68,6 +68,22 @@ def split(dataset: Dataset, spec: str, seed: int = 0, devices: list[str] | None 
     return result
 
 
+def with_fine_tuning(split: Split, task_keys: list[str], per_task: int, seed: int = 0) -> Split:
+    """A cross-device split whose training side also gets, on the tested devices, up to ``per_task``
+    measured programs (chosen by seed) of each task in ``task_keys``: what a user measures on a new
+    device to fine-tune for it. Those tasks leave the test side."""
+    chosen = set(task_keys)
+    rng = np.random.default_rng(seed)
+    moved: list[Measurement] = []
+    for key in task_keys:
+        rows = [r for r in split.test if r.task_key == key and r.latency is not None]
+        moved += [rows[i] for i in sorted(rng.permutation(len(rows))[:per_task])]
+    test = [r for r in split.test if r.task_key not in chosen]
+    if not test:
+        raise UsageError(f"--split {split.spec}: fine-tuning on {len(chosen)} tasks leaves nothing to test")
+    return Split(f"{split.spec}+finetune:{len(chosen)}x{per_task}", split.train + moved, test, split.weights)
+
+
 def device_of(dataset: Dataset, text: str) -> str:
     """The device id ``text`` names: an id, or a prefix of exactly one."""
     if text in dataset.devices:
