@@ -15,3 +15,5 @@ def test_the_shipped_dataset_covers_every_zoo_network_and_ansors_single_ops():
     primary = next(iter(info["devices"].values()))  # the device with the most measurements
     assert primary["measured"] >= 10_000
     assert primary["device"]["cpu"] and primary["device"]["cores"] >= 1
+    further = list(info["devices"].values())[1:]
+    assert sum(device["measured"] >= 3_000 for device in further) >= 2
