@@ -18,7 +18,7 @@ import contextlib
 import dataclasses
 import hashlib
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Collection, Iterator
 
 from tunecore.dataset.table import Dataset, Measurement, describe_device
 from tunecore.errors import UsageError
@@ -129,7 +129,8 @@ def collect(path: str, plan: CollectPlan, *, registry: Any = None,
 
 
 def remeasure(path: str, target_spec: str, *, per_task: int | None = None, source_device: str | None = None,
-              measurer_name: str = "local", options: dict[str, dict[str, Any]] | None = None, seed: int = 0,
+              task_keys: Collection[str] | None = None, measurer_name: str = "local",
+              options: dict[str, dict[str, Any]] | None = None, seed: int = 0,
               time_limit: float | None = None, registry: Any = None,
               on_progress: Callable[[Progress], None] | None = None) -> dict[str, Any]:
     """Measure programs of the dataset on the device of ``target_spec``: the same traces, so that
@@ -137,7 +138,7 @@ def remeasure(path: str, target_spec: str, *, per_task: int | None = None, sourc
 
     Takes every program measured successfully on ``source_device`` (default: on any device), or per
     task the first ``per_task`` of them in an order fixed by ``seed`` (so an interrupted remeasure
-    continues with the same programs).
+    continues with the same programs); of the tasks in ``task_keys`` only, if given.
     """
     from tunecore.data import Candidate
     from tunecore.registry import Registry
@@ -154,6 +155,8 @@ def remeasure(path: str, target_spec: str, *, per_task: int | None = None, sourc
     target_json = target_to_json(target)
     kind = target.kind.name
     chosen = _programs_to_remeasure(dataset, kind, per_task, source_device, seed)
+    if task_keys is not None:
+        chosen = {key: rows for key, rows in chosen.items() if key in task_keys}
     if not chosen:
         raise UsageError(f"{path}: no successfully measured {kind} programs to remeasure")
     plan = CollectPlan([], measurer=measurer_name, options=options or {}, time_limit=time_limit)
