@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import inspect
+import os
 import shutil
 import subprocess
 import tempfile
@@ -32,12 +33,24 @@ from tunecore.roles import Artifact, Builder, Measurer, Profiler, Runner
 _LOCAL_KINDS = frozenset({"llvm", "cuda", "rocm", "metal", "vulkan", "opencl"})
 
 
+def keep_torch_out() -> None:
+    """Make TVM popen workers started from now on unable to import torch (a plugin's dependency, such as
+    cdmpp's): TVM's FFI imports it on ``import tvm`` whenever it is installed, seconds per process for
+    nothing. TVM's pool restarts workers lazily, so this stays in the environment; other processes
+    started from it still get the real torch (see without_torch/torch/__init__.py)."""
+    stub = os.path.join(os.path.dirname(os.path.abspath(__file__)), "without_torch")
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if stub not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([stub] + [p for p in paths if p])
+
+
 class _WarmPool:
     """Worker processes for a target, started at once (while the tuner prepares its tasks) and kept for the run."""
 
     def __init__(self, workers: int, timeout: float, target_json: str):
         from tvm.support.popen_pool import PopenPoolExecutor
 
+        keep_torch_out()
         self.timeout = timeout
         self.executor = PopenPoolExecutor(workers, timeout=timeout, initializer=worker.init_worker,
                                           initargs=(target_json,), stdout=subprocess.DEVNULL,

@@ -41,6 +41,13 @@ def ping() -> int:
     return os.getpid()
 
 
+def loaded(module: str) -> bool:
+    """Whether this worker has imported ``module`` (tests check that torch stays out)."""
+    import sys
+
+    return module in sys.modules
+
+
 def build(mod_json: str, target_json: str, artifact_dir: str) -> tuple[str, float]:
     """Compile a scheduled module into a shared library; returns (its path, build seconds)."""
     import tvm
