@@ -48,7 +48,7 @@ def tunecore_register_runners(register):
 
 @hookimpl
 def tunecore_register_commands(register):
-    from tunecore.cli import bench, compile, costmodel, dataset, plugins, records, run, tasks
+    from tunecore.cli import bench, compile, costmodel, dataset, plugins, predict, records, run, tasks
 
-    for command in (run, tasks, records, compile, bench, dataset, costmodel, plugins):
+    for command in (run, tasks, records, compile, predict, bench, dataset, costmodel, plugins):
         command.add_commands(register)

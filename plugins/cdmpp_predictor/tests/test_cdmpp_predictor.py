@@ -1,0 +1,224 @@
+"""The cdmpp_predictor plugin: compact ASTs of real tasks, the weights file, training, per-device fine-tuning,
+the commands, and `cdmpp` as the cost model of a run."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+from tunecore_cdmpp_predictor.costmodel import CDMPPModel
+from tunecore_cdmpp_predictor.features import CompactASTs, device_features, leaf_positions
+from tunecore_cdmpp_predictor.model import Predictor
+
+from tunecore.data import MeasureResult
+from tunecore.dataset.evaluate import measured_groups
+from tunecore.dataset.table import Dataset
+from tunecore.testing import CostModelConformance, sample_candidates
+from tunecore.testing.cli import assert_one_line_exit_2, cli_json, run_cli
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+SHIPPED = os.path.join(ROOT, "datasets", "cpu-programs.parquet")
+
+
+class TestCdmppIsACostModel(CostModelConformance):
+    name = "cdmpp"
+    options = {"weights": "none"}
+
+
+@pytest.fixture(scope="module")
+def shipped() -> Dataset:
+    return Dataset.load(SHIPPED)
+
+
+@pytest.fixture(scope="module")
+def slice_path(shipped, tmp_path_factory) -> str:
+    """8 programs per task of resnet-18 and bert-tiny on two devices, as a dataset file."""
+    devices = list(shipped.info()["devices"])[:2]
+    keys = [k for k, t in shipped.tasks.items() if {"zoo:resnet-18", "zoo:bert-tiny"} & set(t.workloads)]
+    part = Dataset()
+    for key in keys:
+        part.add_task(shipped.tasks[key])
+        programs = {r.program_key for r in shipped.rows_of(key, devices[1])[:8]}
+        for device in devices:
+            part.add_device(shipped.devices[device])
+            for row in shipped.rows_of(key, device):
+                if row.program_key in programs:
+                    part.add(row)
+    path = str(tmp_path_factory.mktemp("cdmpp") / "slice.parquet")
+    part.save(path)
+    return path
+
+
+def _groups(dataset: Dataset, device: str, workload: str, n: int = 8) -> list:
+    rows = [r for k, t in dataset.tasks.items() if workload in t.workloads for r in dataset.rows_of(k, device)[:n]]
+    return measured_groups(dataset, [r for r in rows if r.latency is not None])
+
+
+def test_compact_asts_of_real_tasks_have_one_position_per_store_row_and_are_deterministic(shipped):
+    """Every program of resnet-18's and bert-tiny's tasks (4 each): the tree walk finds as many leaves as
+    PerStoreFeature has rows, each at its own place in the serialized tree; the same twice over."""
+    primary = next(iter(shipped.info()["devices"]))
+    groups = _groups(shipped, primary, "zoo:resnet-18", 4) + _groups(shipped, primary, "zoo:bert-tiny", 4)
+    asts = CompactASTs(threads=2)
+    leaf_counts = set()
+    for task, candidates, _, _ in groups:
+        for candidate, ast in zip(candidates, asts(task, candidates)):
+            assert ast is not None and ast.aligned, task.name
+            assert ast.features.shape == (len(ast.positions), 164)
+            assert len(set(ast.positions.tolist())) == len(ast.positions) and ast.positions.min() >= 1
+            np.testing.assert_array_equal(leaf_positions(candidate.sch.mod), ast.positions)
+            leaf_counts.add(len(ast.positions))
+    assert len(leaf_counts) >= 3, leaf_counts  # one model, many leaf counts
+    again = CompactASTs(threads=2)
+    task, candidates, _, _ = groups[0]
+    for a, b in zip(asts(task, candidates), again(task, candidates)):
+        np.testing.assert_array_equal(a.features, b.features)
+        np.testing.assert_array_equal(a.positions, b.positions)
+
+
+def test_device_features_tell_isa_levels_and_core_counts_apart(shipped):
+    vectors = [device_features(d) for d in shipped.devices.values()]
+    assert all(v.shape == vectors[0].shape and np.all(np.isfinite(v)) for v in vectors)
+    assert len({v.tobytes() for v in vectors}) == len(vectors)
+    with pytest.raises(ValueError, match="lacks sm_count"):
+        device_features({"kind": "cuda", "arch": "sm_80", "clock_mhz": 1400})
+    with pytest.raises(ValueError, match="target kind 'opencl'"):
+        device_features({"kind": "opencl"})
+
+
+def test_training_on_a_slice_lowers_the_loss(shipped):
+    primary = next(iter(shipped.info()["devices"]))
+    groups = _groups(shipped, primary, "zoo:resnet-18")
+    asts = CompactASTs(threads=2)
+    programs, latencies = [], []
+    for task, candidates, results, _ in groups:
+        for ast, r in zip(asts(task, candidates), results):
+            programs.append(ast)
+            latencies.append(r.latency)
+    devices = np.repeat(device_features(shipped.devices[primary])[None, :], len(programs), axis=0)
+    losses: list[float] = []
+    Predictor(seed=0).fit(programs, devices, np.array(latencies), steps=120, batch_size=64,
+                          on_step=lambda step, loss: losses.append(loss))
+    assert np.mean(losses[-10:]) < 0.5 * np.mean(losses[:10]), (losses[:10], losses[-10:])
+
+
+def test_weights_round_trip_without_pickle_and_refuse_other_files(shipped, tmp_path):
+    primary = next(iter(shipped.info()["devices"]))
+    groups = _groups(shipped, primary, "zoo:bert-tiny", 6)
+    model = CDMPPModel(weights="none", epochs=2)
+    model.update_all([(t, c, r) for t, c, r, _ in groups])
+    model.device = shipped.devices[primary]
+    path = str(tmp_path / "model.pt")
+    model.save(path)
+    saved = torch.load(path, weights_only=True)  # the restricted loader: tensors, strings and numbers only
+    assert json.loads(saved["metadata"])["format"] == "tunecore-cdmpp"
+    loaded = CDMPPModel(weights=path)
+    loaded.device = model.device
+    task, candidates, _, _ = groups[0]
+    np.testing.assert_allclose(loaded.predict_latency(task, candidates), model.predict_latency(task, candidates),
+                               rtol=1e-5)
+
+    other_version = str(tmp_path / "v9.pt")
+    torch.save({"metadata": json.dumps({"format": "tunecore-cdmpp", "version": 9}), "state_dict": {}}, other_version)
+    not_a_model = str(tmp_path / "other.pt")
+    with open(not_a_model, "w") as f:
+        json.dump({"format": "tunecore-xgb"}, f)
+    for bad, message in ((other_version, "version 9"), (not_a_model, "not a tunecore cdmpp model"),
+                         (str(tmp_path / "missing.pt"), "no such file")):
+        with pytest.raises(ValueError, match=message):
+            Predictor.load(bad)
+        assert_one_line_exit_2(
+            run_cli("predict", "--model", "op:matmul-64", "--store", "memory:", "-O", f"cdmpp.weights={bad}"), message)
+
+
+def test_fine_tuning_on_a_second_device_changes_its_predictions_only(shipped):
+    first, second = list(shipped.info()["devices"])[:2]
+    model = CDMPPModel(weights="none", epochs=3)
+    model.update_all([(t, c, r) for t, c, r, _ in _groups(shipped, first, "zoo:resnet-18")])
+    task, candidates, _, _ = _groups(shipped, first, "zoo:bert-tiny")[0]
+
+    def predictions() -> tuple[np.ndarray, np.ndarray]:
+        out = []
+        for device in (first, second):
+            model.device = shipped.devices[device]
+            out.append(model.predict_latency(task, candidates))
+        return out[0], out[1]
+
+    before = predictions()
+    report = model.learn([(t, c, r) for t, c, r, _ in _groups(shipped, second, "zoo:resnet-18")], steps=30)
+    after = predictions()
+    assert report["trained"] == "adapters" and set(report["devices"]) == {second}
+    np.testing.assert_array_equal(after[0], before[0])
+    assert np.max(np.abs(np.log(after[1] / before[1]))) > 1e-3
+
+
+def test_train_command_reports_held_out_error_and_predict_uses_its_weights(slice_path, tmp_path):
+    weights = str(tmp_path / "m.pt")
+    report = cli_json(run_cli("cdmpp", "train", "--dataset", slice_path, "--split", "workload:zoo:bert-tiny",
+                              "--epochs", "3", "-o", weights, "--json"))
+    assert report["programs"] > 0 and report["test"]["programs"] > 0
+    assert set(report["test"]) >= {"mape", "rmse_ms", "spearman", "pairwise_accuracy", "top1_score", "top5_score"}
+    assert os.path.exists(weights)
+    predicted = cli_json(run_cli("predict", "--model", "op:matmul-64", "--store", "memory:", "-O",
+                                 f"cdmpp.weights={weights}", "--json"))
+    assert predicted["tasks"][0]["schedule"] == "default" and predicted["predicted_ms"] > 0
+
+    # adapting to a device the slice does not have: 2 KMeans-chosen tasks x 3 programs measured, added to the file
+    adapted = str(tmp_path / "adapted.pt")
+    new_device = '{"kind": "llvm", "mcpu": "x86-64", "num-cores": 1}'
+    report = cli_json(run_cli("cdmpp", "adapt", "--target", new_device, "--dataset", slice_path, "--weights", weights,
+                              "--tasks", "2", "--per-task", "3", "--steps", "20", "-o", adapted, "--json"))
+    assert len(report["tasks"]) == 2 and report["measured"] == 6 and report["programs"] >= 5
+    assert report["device_id"] in Dataset.load(slice_path).devices
+    assert report["device_id"] in json.loads(torch.load(adapted, weights_only=True)["metadata"])["adapters"]
+
+    assert_one_line_exit_2(run_cli("cdmpp", "train", "--dataset", slice_path, "--split", "workload:zoo:nothing",
+                                   "-o", weights), "zoo:nothing")
+    assert_one_line_exit_2(run_cli("cdmpp", "train", "--dataset", str(tmp_path / "none.parquet"), "-o", weights),
+                           "none.parquet")
+
+
+def test_a_device_without_features_and_a_ranking_only_model_are_usage_errors():
+    assert_one_line_exit_2(run_cli("predict", "--model", "op:matmul-64", "--store", "memory:", "--target",
+                                   '{"kind": "cuda", "arch": "sm_80"}'), "cdmpp", "lacks")
+    assert_one_line_exit_2(run_cli("predict", "--model", "op:matmul-64", "--store", "memory:", "--cost-model", "none"),
+                           "does not predict latency")
+
+
+@pytest.mark.parametrize("search", ["ansor", "transfer"])
+def test_cdmpp_guides_a_run(search, tmp_path):
+    store = str(tmp_path / "t.db")
+    options = ["-O", "ansor.population=32", "-O", "ansor.iterations=1"] if search == "ansor" else []
+    summary = cli_json(run_cli("run", "--model", "op:matmul-64", "--search", search, "--cost-model", "cdmpp",
+                               "--trials", "16", "--store", store, *options, "--json"))
+    assert summary["tasks"][0]["best_latency_s"] is not None
+
+
+def test_scores_are_finite_for_programs_it_never_saw(matmul_task):
+    model = CDMPPModel(weights="none", epochs=2)
+    candidates = sample_candidates(matmul_task, 16)
+    model.update(matmul_task, candidates[:8], [MeasureResult(run_secs=[1e-5 * (i + 1)]) for i in range(8)])
+    scores = model.predict(matmul_task, candidates[8:])
+    assert scores.shape == (8,) and np.all(np.isfinite(scores))
+
+
+def test_measurement_workers_do_not_import_torch_and_other_children_still_can(monkeypatch, target):
+    """torch is installed with this plugin, and TVM's FFI would import it in every build and run worker."""
+    import subprocess
+    import sys
+
+    from tunecore.measure import worker
+    from tunecore.measure.local import _WarmPool
+    from tunecore.tvmjson import target_to_json
+
+    monkeypatch.setenv("PYTHONPATH", "")
+    pool = _WarmPool(1, 60, target_to_json(target))  # it calls keep_torch_out() first
+    try:
+        assert pool.submit(worker.loaded, "tvm").result() and not pool.submit(worker.loaded, "torch").result()
+    finally:
+        pool.close()
+    probe = [sys.executable, "-c", "import sys, tvm, torch; print(torch.__version__, torch.tensor([2.0]).sum().item())"]
+    assert subprocess.run(probe, capture_output=True, text=True).stdout.split() == [torch.__version__, "2.0"]

@@ -1,0 +1,173 @@
+"""``tunecore cdmpp train|adapt``: train CDMPP on a dataset; adapt it to a new device with a few measured tasks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from tunecore.cli import Parser, render
+from tunecore.errors import UsageError
+
+
+def add_commands(register: Any) -> None:
+    cdmpp = register("cdmpp", cmd_cdmpp, help="train the CDMPP latency predictor, adapt it to a new device")
+    sub = cdmpp.add_subparsers(dest="cdmpp_command", required=True, parser_class=Parser)
+
+    train = sub.add_parser("train", help="train on a dataset (or the training side of a split)")
+    train.add_argument("--dataset", "-d", required=True, help="dataset file (.parquet)")
+    train.add_argument("--split", default=None, help="train on its training side, report on its test side "
+                                                     "(as for `costmodel eval`)")
+    train.add_argument("--devices", default=None, help="only measurements on these devices (ids or prefixes)")
+    train.add_argument("--epochs", type=int, default=30)
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--out", "-o", required=True, help="weights file to write (.pt)")
+    train.add_argument("--json", action="store_true")
+
+    adapt = sub.add_parser("adapt", help="measure KMeans-chosen tasks on a new device and fine-tune for it")
+    adapt.add_argument("--target", "-t", required=True, help="the new device's target")
+    adapt.add_argument("--dataset", "-d", required=True,
+                       help="dataset whose programs are measured on the new device (the measurements are added to it)")
+    adapt.add_argument("--weights", default="shipped", help="model to adapt: 'shipped' or a weights file")
+    adapt.add_argument("--tasks", type=int, default=10, help="tasks to measure (KMeans clusters; default 10)")
+    adapt.add_argument("--per-task", type=int, default=16, help="programs to measure per task (default 16)")
+    adapt.add_argument("--steps", type=int, default=300, help="fine-tuning steps (default 300)")
+    adapt.add_argument("--measurer", default="local")
+    adapt.add_argument("--option", "-O", action="append", metavar="ROLE.KEY=VALUE",
+                       help="measurer option, e.g. -O measurer.repeat=5")
+    adapt.add_argument("--seed", type=int, default=0)
+    adapt.add_argument("--out", "-o", required=True, help="adapted weights file to write (.pt)")
+    adapt.add_argument("--json", action="store_true")
+
+
+def cmd_cdmpp(args: argparse.Namespace) -> int:
+    for name in ("epochs", "tasks", "per_task", "steps"):
+        if getattr(args, name, 1) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
+    return {"train": _train, "adapt": _adapt}[args.cdmpp_command](args)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from tunecore.dataset.evaluate import latency_metrics, measured_groups, ranking_metrics
+    from tunecore.dataset.split import device_of, split
+    from tunecore.dataset.table import Dataset
+    from tunecore_cdmpp_predictor.costmodel import CDMPPModel
+
+    dataset = Dataset.load(args.dataset)
+    devices = [d.strip() for d in args.devices.split(",")] if args.devices else None
+    if args.split:
+        parts = split(dataset, args.split, args.seed, devices)
+        train_rows, test_rows = parts.train, [r for r in parts.test if r.latency is not None]
+    else:
+        keep = {device_of(dataset, d) for d in devices} if devices else None
+        train_rows, test_rows = [r for r in dataset.rows if keep is None or r.device_id in keep], []
+    model = CDMPPModel(weights="none", epochs=args.epochs, seed=args.seed)
+    started = time.perf_counter()
+    train = measured_groups(dataset, train_rows)
+    _features(model, train, "features")
+    with render.progress(transient=args.json) as display:
+        bar = display.add_task("training", total=None)
+        report = model.learn([(t, c, r) for t, c, r, _ in train],
+                             on_step=lambda step, steps, loss: display.update(
+                                 bar, completed=step + 1, total=steps, description=f"training (loss {loss:.3f})"))
+    if not report["programs"]:
+        raise UsageError(f"{args.dataset}: no programs to train on (none ran, or on devices cdmpp cannot describe)")
+    workloads = sorted({w for r in train_rows for w in dataset.tasks[r.task_key].workloads})
+    model.predictor.trained_on = {"dataset": args.dataset, "split": args.split, "programs": report["programs"],
+                                  "devices": report["devices"], "workloads": workloads, "epochs": args.epochs}
+    model.save(args.out)
+    out: dict[str, Any] = {"out": args.out, "programs": report["programs"], "devices": report["devices"],
+                           "loss": round(report["loss"], 4), "train_s": round(time.perf_counter() - started, 1)}
+    if test_rows:
+        import numpy as np
+
+        test = measured_groups(dataset, test_rows)
+        _features(model, test, "test features")
+        latencies, scores, predicted = [], [], []
+        for task, candidates, results, device in test:
+            model.device = device
+            seconds = model.predict_latency(task, candidates)
+            latencies.append(np.array([r.latency for r in results]))
+            predicted.append(seconds)
+            scores.append(-seconds)
+        out["test"] = {"programs": sum(map(len, latencies)),
+                       **latency_metrics(latencies, predicted),
+                       **ranking_metrics(latencies, scores, [1] * len(test), np.random.default_rng(args.seed))}
+    _print(args, out)
+    return 0
+
+
+def _adapt(args: argparse.Namespace) -> int:
+    from tunecore.dataset.collect import remeasure
+    from tunecore.dataset.evaluate import measured_groups
+    from tunecore.dataset.table import Dataset
+    from tunecore.options import parse_options
+    from tunecore.targets import device_descriptor, resolve_target
+    from tunecore_cdmpp_predictor.adapt import select_tasks
+    from tunecore_cdmpp_predictor.costmodel import CDMPPModel
+
+    model = CDMPPModel(weights=args.weights, seed=args.seed)
+    if not model.predictor.trained:
+        raise UsageError(f"--weights {args.weights}: no trained weights to adapt")
+    target = resolve_target(args.target)
+    model.device = device_descriptor(target)  # a device cdmpp cannot describe fails here, before measuring
+    dataset = Dataset.load(args.dataset)
+    started = time.perf_counter()
+    # a few programs of each task describe it; any device's measurement will do, programs are device-free
+    sample = [r for r in dataset.rows if r.latency is not None and json.loads(r.target)["kind"] == target.kind.name]
+    if not sample:
+        raise UsageError(f"{args.dataset}: no measured {target.kind.name} programs to choose tasks from")
+    groups = measured_groups(dataset, _first_per_task(sample, 16))
+    _features(model, groups, "features")
+    by_task = {task.workload_hash: [a for a in model.asts(task, candidates) if a is not None]
+               for task, candidates, _, _ in groups}
+    chosen = select_tasks(by_task, args.tasks, args.seed)
+    options = parse_options(args.option, [args.measurer])
+    with render.progress(transient=args.json) as display:
+        bar = display.add_task("measuring", total=None)
+        measured = remeasure(args.dataset, args.target, per_task=args.per_task, task_keys=set(chosen),
+                             measurer_name=args.measurer, options=options, seed=args.seed,
+                             on_progress=lambda p: display.update(bar, completed=p.done, total=p.total,
+                                                                  description=f"measuring on {p.device}"))
+    dataset = Dataset.load(args.dataset)
+    new = measured_groups(dataset, [r for key in chosen for r in dataset.rows_of(key, measured["device_id"])])
+    report = model.learn([(t, c, r) for t, c, r, _ in new], steps=args.steps)
+    model.predictor.trained_on.setdefault("adapted", {})[measured["device_id"]] = {
+        "tasks": [dataset.tasks[k].name for k in chosen], "programs": report["programs"]}
+    model.save(args.out)
+    _print(args, {"out": args.out, "device_id": measured["device_id"], "device": measured["device"],
+                  "tasks": [dataset.tasks[k].name for k in chosen], "measured": measured["measured"],
+                  "failed": measured["failed"], "programs": report["programs"], "loss": round(report["loss"], 4),
+                  "elapsed_s": round(time.perf_counter() - started, 1)})
+    return 0
+
+
+def _first_per_task(rows: list, n: int) -> list:
+    """Up to ``n`` distinct programs of each task, in the rows' order."""
+    seen: set[tuple[str, str]] = set()
+    count: dict[str, int] = {}
+    out = []
+    for r in rows:
+        if (r.task_key, r.program_key) not in seen and count.get(r.task_key, 0) < n:
+            seen.add((r.task_key, r.program_key))
+            count[r.task_key] = count.get(r.task_key, 0) + 1
+            out.append(r)
+    return out
+
+
+def _features(model: Any, groups: list, what: str) -> None:
+    """Extract the compact ASTs of every program (cached in the model), with a progress bar."""
+    with render.progress(transient=True) as display:
+        bar = display.add_task(what, total=sum(len(g[1]) for g in groups))
+        for task, candidates, _, _ in groups:
+            model.asts(task, candidates)
+            display.advance(bar, len(candidates))
+
+
+def _print(args: argparse.Namespace, out: dict[str, Any]) -> None:
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return
+    for key, value in out.items():
+        print(f"{key}: {render.cell(value) if not isinstance(value, dict) else json.dumps(value)}")

@@ -1,0 +1,220 @@
+"""The `cdmpp` cost model: predicted seconds of a program on a device, for any search policy.
+
+Starts from the weights shipped with the plugin (trained on tunecore's dataset, every device in it)
+unless told otherwise (``-O cdmpp.weights=none`` or a path), and keeps learning during a run: each
+measured round fine-tunes the adapter of the run's device for ``online_steps`` minibatches, half of
+them from that round (``-O cdmpp.online=false`` turns it off): the shared network, and what it
+predicts for other devices, stays as it was. Given a dataset (``update_all``), an untrained model
+trains the shared network from scratch for ``epochs`` passes; a trained one fine-tunes the adapters
+of the devices the data was measured on.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import math
+import os
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from tunecore.errors import UsageError
+from tunecore.interfaces import Candidate, CostModel, MeasureResult, Task, check_options, is_int, is_number
+from tunecore_cdmpp_predictor.features import CompactAST, CompactASTs, device_features
+
+SHIPPED_WEIGHTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "weights", "cdmpp-cpu.pt")
+
+
+class CDMPPModel(CostModel):
+    name = "cdmpp"
+    predicts_latency = True
+    target_kinds = frozenset({"llvm", "cuda"})
+
+    def __init__(self, *, weights: str = "shipped", online: bool = True, epochs: int = 30, online_steps: int = 20,
+                 batch_size: int = 256, lr: float = 1e-3, threads: int | None = None, **kwargs: Any):
+        super().__init__(**kwargs)
+        check_options(
+            weights=(weights, isinstance(weights, str) and bool(weights), "'shipped', 'none' or a file"),
+            online=(online, isinstance(online, bool), "true or false"),
+            epochs=(epochs, is_int(epochs, 1), "an integer >= 1"),
+            online_steps=(online_steps, is_int(online_steps, 0), "an integer >= 0"),
+            batch_size=(batch_size, is_int(batch_size, 1), "an integer >= 1"),
+            lr=(lr, is_number(lr, 1e-9), "a positive number"),
+            threads=(threads, threads is None or is_int(threads, 1), "an integer >= 1"),
+        )
+        from tunecore.targets import physical_cores
+
+        self.weights, self.online = weights, online
+        self.epochs, self.online_steps, self.batch_size, self.lr = epochs, online_steps, batch_size, lr
+        self.threads = threads or physical_cores()
+        self.asts = CompactASTs(self.threads)
+        self.predictor = self._initial_predictor()
+        # what it learned from: (task id, program key, device id) -> (program, device features, seconds)
+        self.pool: dict[tuple[str, str, str], tuple[CompactAST, np.ndarray, float]] = {}
+        self._device_vectors: dict[str, np.ndarray | None] = {}
+        self.rng = np.random.default_rng(self.seed)
+        self.own_devices: set[str] = set()  # devices whose data trained the shared network in this process
+
+    def _initial_predictor(self) -> Any:
+        import torch
+
+        from tunecore_cdmpp_predictor.model import Predictor
+
+        torch.set_num_threads(self.threads)
+        path = SHIPPED_WEIGHTS if self.weights == "shipped" else None if self.weights == "none" else self.weights
+        if path is None or (self.weights == "shipped" and not os.path.exists(path)):
+            return Predictor(seed=self.seed)
+        try:
+            return Predictor.load(path)
+        except ValueError as error:
+            raise UsageError(f"cost model 'cdmpp': {error}") from None
+
+    # the device asked about
+
+    @property
+    def device(self) -> dict[str, Any] | None:
+        return self._device
+
+    @device.setter
+    def device(self, description: dict[str, Any] | None) -> None:
+        if description is not None:
+            try:
+                device_features(description)
+            except ValueError as error:
+                raise UsageError(f"cost model 'cdmpp': {error}") from None
+        self._device = description
+
+    def _device_vector(self, description: dict[str, Any] | None) -> np.ndarray | None:
+        key = json.dumps(description, sort_keys=True)
+        if key not in self._device_vectors:
+            try:
+                self._device_vectors[key] = device_features(description)
+            except ValueError:  # measurements on a device it cannot describe are left out
+                self._device_vectors[key] = None
+        return self._device_vectors[key]
+
+    # learning
+
+    def reset(self) -> None:
+        from tunecore_cdmpp_predictor.model import Predictor
+
+        self.predictor = Predictor(seed=self.seed)
+        self.pool.clear()
+        self.own_devices = set()
+
+    def _add(self, task: Task, candidates: Sequence[Candidate], results: Sequence[MeasureResult]) -> list:
+        from tunecore.targets import device_id
+
+        ok = [(c, r) for c, r in zip(candidates, results) if r.latency is not None]
+        added = []
+        for (c, r), ast in zip(ok, self.asts(task, [c for c, _ in ok])):
+            device = r.device or self.device or _host_device(task)
+            vector = self._device_vector(device)
+            if ast is None or vector is None:
+                continue
+            key = (task.task_id, c.key, device_id(device))
+            self.pool[key] = (ast, vector, float(r.latency))
+            added.append(key)
+        return added
+
+    def update(self, task: Task, candidates: Sequence[Candidate], results: Sequence[MeasureResult]) -> None:
+        if not self.online:
+            return
+        added = self._add(task, candidates, results)
+        if added and self.online_steps:
+            self._learn(added, self.online_steps)
+
+    def update_all(self, batches: Sequence[tuple[Task, Sequence[Candidate], Sequence[MeasureResult]]]) -> None:
+        self.learn(batches)
+
+    def learn(self, batches: Sequence[tuple[Task, Sequence[Candidate], Sequence[MeasureResult]]],
+              steps: int | None = None, on_step: Callable[[int, int, float], None] | None = None) -> dict[str, Any]:
+        """``update_all`` with a say in the number of steps and a callback ``on_step(step, steps, loss)``;
+        what it learned from (programs, per device), what it trained, and the last loss."""
+        added = [key for task, candidates, results in batches for key in self._add(task, candidates, results)]
+        mode = "adapters" if self.predictor.trained else "shared network"
+        loss = math.nan
+        if added:
+            steps = steps or max(self.online_steps, self.epochs * math.ceil(len(added) / self.batch_size))
+            loss = self._learn(added, steps, on_step)
+        return {"programs": len(added), "devices": dict(collections.Counter(key[2] for key in added)),
+                "trained": mode, "loss": loss}
+
+    def _learn(self, added: Sequence[tuple], steps: int, on_step: Any = None) -> float:
+        """Untrained, the model trains its shared network on everything. Trained, new data on a device
+        whose data this model trained the shared network on (a run or a dataset it learned from scratch)
+        trains the shared network further; new data on any other device (weights from a file, a device
+        never seen) fine-tunes that device's adapter only. Half of every fine-tuning batch is new data."""
+        if not self.predictor.trained:
+            self.own_devices = {key[2] for key in self.pool}
+            return self._fit(list(self.pool), self.epochs * math.ceil(len(self.pool) / self.batch_size), None, (),
+                             on_step)
+        loss = math.nan
+        new_devices = {key[2] for key in added}
+        if new_devices & self.own_devices:
+            keys = [k for k in self.pool if k[2] in self.own_devices]
+            loss = self._fit(keys, steps, None, [k for k in added if k[2] in self.own_devices], on_step)
+        for device in sorted(new_devices - self.own_devices):
+            keys = [k for k in self.pool if k[2] == device]
+            loss = self._fit(keys, steps, device, [k for k in added if k[2] == device], on_step)
+        return loss
+
+    def _fit(self, keys: list, steps: int, adapter: str | None, emphasis: Sequence[tuple], on_step: Any) -> float:
+        programs = [self.pool[k][0] for k in keys]
+        devices = np.stack([self.pool[k][1] for k in keys])
+        latencies = np.array([self.pool[k][2] for k in keys])
+        weights = None
+        if emphasis and len(emphasis) < len(keys):
+            chosen = set(emphasis)
+            new = np.array([k in chosen for k in keys])
+            weights = np.where(new, 1.0 / new.sum(), 1.0 / (~new).sum())
+        return self.predictor.fit(programs, devices, latencies, steps=steps, adapter=adapter,
+                                  batch_size=self.batch_size, lr=self.lr, sample_weights=weights,
+                                  seed=int(self.rng.integers(2**31)),
+                                  on_step=None if on_step is None else lambda i, loss: on_step(i, steps, loss))
+
+    # predicting
+
+    def predict(self, task: Task, candidates: Sequence[Candidate]) -> np.ndarray:
+        if not candidates:
+            return np.zeros(0)
+        if not self.predictor.trained:  # nothing learned yet: a random order, like an untrained xgb
+            return self.rng.uniform(size=len(candidates))
+        seconds = self.predict_latency(task, candidates)
+        return np.where(np.isfinite(seconds), -np.log(np.where(np.isfinite(seconds), seconds, 1.0)), -1e9)
+
+    def predict_latency(self, task: Task, candidates: Sequence[Candidate]) -> np.ndarray:
+        if not self.predictor.trained:
+            raise UsageError("cost model 'cdmpp' has no weights and has not been trained")
+        from tunecore.targets import device_id
+
+        device = self.device or _host_device(task)
+        vector = self._device_vector(device)
+        if vector is None:
+            raise UsageError(f"cost model 'cdmpp': no device features for {device}")
+        asts = self.asts(task, candidates)
+        adapter = device_id(device)
+        have = [i for i, a in enumerate(asts) if a is not None]
+        out = np.full(len(candidates), np.nan)
+        if have:
+            programs = [asts[i] for i in have]
+            out[have] = self.predictor.predict(programs, np.repeat(vector[None, :], len(programs), axis=0), adapter)
+        return out
+
+    # the file
+
+    def save(self, path: str) -> None:
+        self.predictor.save(path)
+
+    def load(self, path: str) -> None:
+        from tunecore_cdmpp_predictor.model import Predictor
+
+        self.predictor = Predictor.load(path)
+
+
+def _host_device(task: Task) -> dict[str, Any]:
+    """The device a task's target runs on here: what the local measurer reports, when nobody said."""
+    from tunecore.targets import device_descriptor
+
+    return device_descriptor(task.target)

@@ -1,0 +1,278 @@
+"""CDMPP's network, its input and output normalization, training, and its file.
+
+Network (CDMPP's AttentionNetV2, made small enough to retrain on a CPU during a run, and with a padding
+mask so that one model covers every leaf count): leaf features, min-max normalized, plus the sinusoidal
+encoding of each leaf's tree position -> linear -> transformer encoder (padding masked) -> mean and max
+over the leaves -> MLP = program embedding; device features -> MLP = device embedding; their sum ->
+MLP -> one number, the Box-Cox-transformed, standardized latency.
+
+Loss: ``mse_weight`` x MSE on the transformed latency + MAPE on the latency in seconds (CDMPP computes
+its MAPE term on the transformed value, which divides by numbers near 0; the MAPE of the seconds is
+what users are told).
+
+File: one ``torch.save`` of a dict holding the ``state_dict`` and a JSON string of metadata (format,
+version, architecture, normalizers, what it was trained on); read with ``torch.load(weights_only=True)``,
+which cannot run code.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from tunecore.features import N_FEATURES
+from tunecore_cdmpp_predictor.features import N_DEVICE_FEATURES, CompactAST, positional_encoding
+
+FORMAT = "tunecore-cdmpp"
+VERSION = 1
+
+
+@dataclasses.dataclass
+class Architecture:
+    width: int = 128
+    heads: int = 4
+    layers: int = 2
+    feedforward: int = 256
+    hidden: int = 256
+    dropout: float = 0.05
+
+
+def _mlp(sizes: Sequence[int], last_activation: bool = True) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
+        layers.append(nn.Linear(a, b))
+        if last_activation or i < len(sizes) - 2:
+            layers += [nn.LayerNorm(b), nn.ReLU()]
+    return nn.Sequential(*layers)
+
+
+class Adapter(nn.Module):
+    """What one device learns on top of the shared network: an offset of its embedding and its own decoder."""
+
+    def __init__(self, decoder: nn.Module, hidden: int):
+        super().__init__()
+        self.offset = nn.Parameter(torch.zeros(hidden))
+        self.decoder = copy.deepcopy(decoder)
+
+
+class Net(nn.Module):
+    def __init__(self, arch: Architecture):
+        super().__init__()
+        self.hidden = arch.hidden
+        self.embed = nn.Linear(N_FEATURES, arch.width)
+        layer = nn.TransformerEncoderLayer(arch.width, arch.heads, arch.feedforward, arch.dropout, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, arch.layers, enable_nested_tensor=False)
+        self.program = _mlp([2 * arch.width + 1, arch.hidden, arch.hidden])
+        self.device = _mlp([N_DEVICE_FEATURES, arch.hidden, arch.hidden])
+        self.decoder = _mlp([arch.hidden, arch.hidden, 1], last_activation=False)
+        self.adapters = nn.ModuleDict()  # device id -> Adapter
+
+    def forward(self, leaves: torch.Tensor, mask: torch.Tensor, device: torch.Tensor,
+                adapter: str | None = None) -> torch.Tensor:
+        """leaves (B, L, 164), mask (B, L) True where a leaf is, device (B, N_DEVICE_FEATURES) -> (B,)."""
+        return self.head(self.embed_programs(leaves, mask), device, adapter)
+
+    def embed_programs(self, leaves: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(self.embed(leaves), src_key_padding_mask=~mask)
+        m = mask.unsqueeze(-1)
+        count = m.sum(dim=1).clamp(min=1)
+        mean = (h * m).sum(dim=1) / count
+        top = h.masked_fill(~m, -1e4).max(dim=1).values
+        return self.program(torch.cat([mean, top, torch.log(count)], dim=1))
+
+    def head(self, programs: torch.Tensor, device: torch.Tensor, adapter: str | None = None) -> torch.Tensor:
+        if adapter is None or adapter not in self.adapters:
+            return self.decoder(programs + self.device(device)).squeeze(-1)
+        a = self.adapters[adapter]
+        return a.decoder(programs + self.device(device) + a.offset).squeeze(-1)
+
+    def add_adapter(self, key: str) -> None:
+        if key not in self.adapters:
+            self.adapters[key] = Adapter(self.decoder, self.hidden)
+
+
+@dataclasses.dataclass
+class Normalizer:
+    """Min-max of the leaf features; Box-Cox lambda, mean and deviation of the latency in microseconds."""
+
+    low: list[float]
+    high: list[float]
+    boxcox_lambda: float
+    mean: float
+    std: float
+
+    @classmethod
+    def fit(cls, programs: Sequence[CompactAST], latencies: np.ndarray) -> Normalizer:
+        from scipy import stats
+
+        rows = np.concatenate([p.features for p in programs])
+        if np.ptp(latencies) > 0:
+            transformed, lam = stats.boxcox(latencies / _UNIT)
+        else:  # one latency (a first round): Box-Cox cannot be fitted, its log limit can
+            transformed, lam = np.log(latencies / _UNIT), 0.0
+        return cls(rows.min(axis=0).tolist(), rows.max(axis=0).tolist(), float(lam), float(transformed.mean()),
+                   float(transformed.std() or 1.0))
+
+    def target(self, latencies: np.ndarray) -> np.ndarray:
+        from scipy import special
+
+        return ((special.boxcox(latencies / _UNIT, self.boxcox_lambda) - self.mean) / self.std).astype(np.float32)
+
+    def seconds(self, z: torch.Tensor) -> torch.Tensor:
+        """The inverse of ``target``, differentiable (``z`` kept within 8 deviations, where it cannot overflow)."""
+        y = z.clamp(-8.0, 8.0) * self.std + self.mean
+        if abs(self.boxcox_lambda) < 1e-6:
+            return torch.exp(y) * _UNIT
+        base = (self.boxcox_lambda * y + 1).clamp(min=1e-6)
+        return base ** (1 / self.boxcox_lambda) * _UNIT
+
+
+_UNIT = 1e-6  # latencies are fitted in microseconds, where Box-Cox is well conditioned
+
+
+class Batch:
+    """Programs padded to the longest one in the batch."""
+
+    def __init__(self, programs: Sequence[CompactAST], devices: np.ndarray, normalizer: Normalizer):
+        longest = max(len(p.features) for p in programs)
+        leaves = np.zeros((len(programs), longest, N_FEATURES), dtype=np.float32)
+        mask = np.zeros((len(programs), longest), dtype=bool)
+        low, span = np.asarray(normalizer.low), np.asarray(normalizer.high) - np.asarray(normalizer.low)
+        span[span == 0] = 1.0
+        for i, p in enumerate(programs):
+            n = len(p.features)
+            leaves[i, :n] = (p.features - low) / span + positional_encoding(p.positions, N_FEATURES)
+            mask[i, :n] = True
+        self.leaves, self.mask = torch.from_numpy(leaves), torch.from_numpy(mask)
+        self.devices = torch.from_numpy(np.asarray(devices, dtype=np.float32))
+
+
+class Predictor:
+    """The network with its normalizer: what a weights file holds.
+
+    ``fit`` without ``adapter`` trains the shared network on programs of any devices. ``fit`` with
+    ``adapter`` (a device id) fine-tunes only that device's adapter on its measurements, the shared
+    network frozen: predictions for every other device stay exactly what they were.
+    """
+
+    def __init__(self, arch: Architecture | None = None, seed: int = 0):
+        torch.manual_seed(seed)
+        self.arch = arch or Architecture()
+        self.net = Net(self.arch)
+        self.normalizer: Normalizer | None = None
+        self.trained_on: dict[str, Any] = {}
+
+    @property
+    def trained(self) -> bool:
+        return self.normalizer is not None
+
+    def predict(self, programs: Sequence[CompactAST], devices: np.ndarray, adapter: str | None = None,
+                batch_size: int = 1024) -> np.ndarray:
+        """Seconds per program."""
+        assert self.normalizer is not None
+        self.net.eval()
+        out = []
+        with torch.no_grad():
+            for start in range(0, len(programs), batch_size):
+                batch = Batch(programs[start:start + batch_size], devices[start:start + batch_size], self.normalizer)
+                z = self.net(batch.leaves, batch.mask, batch.devices, adapter)
+                out.append(self.normalizer.seconds(z).numpy())
+        return np.concatenate(out) if out else np.zeros(0)
+
+    def fit(self, programs: Sequence[CompactAST], devices: np.ndarray, latencies: np.ndarray, *, steps: int,
+            adapter: str | None = None, batch_size: int = 256, lr: float = 1e-3, mse_weight: float = 1.0,
+            sample_weights: np.ndarray | None = None, seed: int = 0,
+            on_step: Callable[[int, float], None] | None = None) -> float:
+        """Train for ``steps`` minibatches (fitting the normalizer first if there is none); the last loss."""
+        if self.normalizer is None:
+            if adapter is not None:
+                raise ValueError("an adapter needs a trained network")
+            self.normalizer = Normalizer.fit(programs, latencies)
+        normalizer = self.normalizer
+        rng = np.random.default_rng(seed)
+        target = torch.from_numpy(normalizer.target(latencies))
+        seconds = torch.from_numpy(latencies.astype(np.float32))
+        device_tensor = torch.from_numpy(np.asarray(devices, dtype=np.float32))
+        p = None if sample_weights is None else sample_weights / sample_weights.sum()
+        if adapter is None:
+            parameters = [p for name, p in self.net.named_parameters() if not name.startswith("adapters.")]
+        else:
+            self.net.add_adapter(adapter)
+            parameters = list(self.net.adapters[adapter].parameters())
+            embedded = self._embed(programs, normalizer)  # the frozen part, computed once
+        optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=1e-4)
+        schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=max(steps, 1))
+        self.net.train()
+        loss_value = math.nan
+        for step in range(steps):
+            index = rng.choice(len(programs), size=min(batch_size, len(programs)), replace=p is not None, p=p)
+            if adapter is None:
+                batch = Batch([programs[i] for i in index], devices[index], normalizer)
+                z = self.net(batch.leaves, batch.mask, batch.devices)
+            else:
+                z = self.net.head(embedded[index], device_tensor[index], adapter)
+            loss = mse_weight * torch.mean((z - target[index]) ** 2) + \
+                torch.mean(torch.abs(normalizer.seconds(z) - seconds[index]) / seconds[index])
+            optimizer.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(parameters, 1.0)
+            optimizer.step()
+            schedule.step()
+            loss_value = loss.item()
+            if on_step:
+                on_step(step, loss_value)
+        return loss_value
+
+    def _embed(self, programs: Sequence[CompactAST], normalizer: Normalizer, batch_size: int = 1024) -> torch.Tensor:
+        self.net.eval()
+        with torch.no_grad():
+            return torch.cat([
+                self.net.embed_programs(batch.leaves, batch.mask)
+                for batch in (Batch(programs[i:i + batch_size], np.zeros((0, N_DEVICE_FEATURES)), normalizer)
+                              for i in range(0, len(programs), batch_size))
+            ])
+
+    # the file
+
+    def save(self, path: str) -> None:
+        metadata = {"format": FORMAT, "version": VERSION, "architecture": dataclasses.asdict(self.arch),
+                    "normalizer": None if self.normalizer is None else dataclasses.asdict(self.normalizer),
+                    "adapters": list(self.net.adapters), "trained_on": self.trained_on}
+        torch.save({"metadata": json.dumps(metadata), "state_dict": self.net.state_dict()}, path)
+
+    @classmethod
+    def load(cls, path: str) -> Predictor:
+        """ValueError (one line) for a file that is not a cdmpp model of this version."""
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+        except FileNotFoundError:
+            raise ValueError(f"{path}: no such file") from None
+        except Exception as e:
+            raise ValueError(f"{path}: not a tunecore cdmpp model ({type(e).__name__})") from None
+        try:
+            metadata = json.loads(saved["metadata"])
+        except (TypeError, KeyError, ValueError):
+            raise ValueError(f"{path}: not a tunecore cdmpp model") from None
+        if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
+            raise ValueError(f"{path}: not a tunecore cdmpp model")
+        if metadata.get("version") != VERSION:
+            raise ValueError(f"{path}: cdmpp model version {metadata.get('version')}, this plugin reads {VERSION}")
+        predictor = cls(Architecture(**metadata["architecture"]))
+        for key in metadata.get("adapters", []):
+            predictor.net.add_adapter(key)
+        try:
+            predictor.net.load_state_dict(saved["state_dict"])
+        except (KeyError, RuntimeError) as e:
+            raise ValueError(f"{path}: weights do not fit the architecture it names ({str(e).splitlines()[0]})") \
+                from None
+        if metadata["normalizer"] is not None:
+            predictor.normalizer = Normalizer(**metadata["normalizer"])
+        predictor.trained_on = metadata.get("trained_on", {})
+        return predictor
