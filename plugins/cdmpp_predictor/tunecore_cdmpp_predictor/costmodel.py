@@ -23,6 +23,7 @@ from tunecore.errors import UsageError
 from tunecore.interfaces import Candidate, CostModel, MeasureResult, Task, check_options, is_int, is_number
 from tunecore_cdmpp_predictor.features import CompactAST, CompactASTs, device_features
 
+_MIN_STEPS = 200
 SHIPPED_WEIGHTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "weights", "cdmpp-cpu.pt")
 
 
@@ -31,7 +32,7 @@ class CDMPPModel(CostModel):
     predicts_latency = True
     target_kinds = frozenset({"llvm", "cuda"})
 
-    def __init__(self, *, weights: str = "shipped", online: bool = True, epochs: int = 30, online_steps: int = 20,
+    def __init__(self, *, weights: str = "shipped", online: bool = True, epochs: int = 30, online_steps: int = 50,
                  batch_size: int = 256, lr: float = 1e-3, threads: int | None = None, **kwargs: Any):
         super().__init__(**kwargs)
         check_options(
@@ -148,8 +149,9 @@ class CDMPPModel(CostModel):
         never seen) fine-tunes that device's adapter only. Half of every fine-tuning batch is new data."""
         if not self.predictor.trained:
             self.own_devices = {key[2] for key in self.pool}
-            return self._fit(list(self.pool), self.epochs * math.ceil(len(self.pool) / self.batch_size), None, (),
-                             on_step)
+            # a first round of a few dozen programs still needs a few hundred steps to learn anything
+            steps = max(_MIN_STEPS, self.epochs * math.ceil(len(self.pool) / self.batch_size))
+            return self._fit(list(self.pool), steps, None, (), on_step)
         loss = math.nan
         new_devices = {key[2] for key in added}
         if new_devices & self.own_devices:

@@ -36,6 +36,7 @@ _CONSTANTS = ("IntImm", "FloatImm")
 class CompactAST:
     features: np.ndarray  # (leaves, 164) float32, PerStoreFeature rows
     positions: np.ndarray  # (leaves,) int32, index of each leaf in the serialized tree
+    flops: float  # of the task (every program of a task computes the same)
     aligned: bool = True  # False: the tree walk found another number of leaves, positions are row indices
 
 
@@ -61,7 +62,7 @@ class CompactASTs:
             aligned = len(positions) == len(rows)
             if not aligned:
                 positions = np.arange(1, 2 * len(rows), 2, dtype=np.int32)
-            out.append(CompactAST(rows, positions, aligned))
+            out.append(CompactAST(rows, positions, task.flops, aligned))
         return out
 
 
