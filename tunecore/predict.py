@@ -45,7 +45,7 @@ def predict_workload(workload: Workload, target: Any, store: RecordStore | None,
             candidate = Candidate.from_schedule(task, new_schedule(task.mod), origin="default")
         seconds = float(cost_model.predict_latency(task, [candidate])[0])
         total += task.weight * seconds
-        rows.append({"task": task.name, "weight": task.weight, "schedule": "stored" if stored_ms else "default",
+        rows.append({"task": task.name, "weight": task.weight, "schedule": "default" if stored_ms is None else "stored",
                      "predicted_ms": seconds * 1e3, "stored_ms": stored_ms})
     out: dict[str, Any] = {"model": workload.name, "device": describe_device(device), "cost_model": cost_model.name,
                            "tasks": rows, "tasks_with_records": sum(r["schedule"] == "stored" for r in rows),
