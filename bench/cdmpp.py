@@ -23,7 +23,7 @@ from tunecore import experiments
 from tunecore.dataset.evaluate import evaluate, measured_groups
 from tunecore.dataset.split import device_of, split, with_fine_tuning
 from tunecore.dataset.table import Dataset
-from tunecore.experiments import command_line, environment, write_results
+from tunecore.experiments import command_line, environment, split_tables, write_results
 
 CROSS_MODEL = "workload:zoo:resnet-18,zoo:mobilenet-v2,zoo:bert-tiny"
 COLUMNS = ("mape", "rmse_ms", "spearman", "pairwise_accuracy", "recall@1", "recall@5", "top1_score", "top5_score",
@@ -32,15 +32,11 @@ COLUMNS = ("mape", "rmse_ms", "spearman", "pairwise_accuracy", "recall@1", "reca
 
 def kmeans_tasks(dataset: Dataset, device: str, k: int, seed: int) -> list[str]:
     """CDMPP's KMeans choice of ``k`` tasks, from up to 16 programs per task measured on ``device``."""
-    from tunecore_cdmpp_predictor.adapt import select_tasks
+    from tunecore_cdmpp_predictor.adapt import first_programs_per_task, select_tasks
     from tunecore_cdmpp_predictor.features import CompactASTs
 
     asts = CompactASTs(threads=2)
-    rows, count = [], {}
-    for r in dataset.rows:
-        if r.device_id == device and r.latency is not None and count.get(r.task_key, 0) < 16:
-            count[r.task_key] = count.get(r.task_key, 0) + 1
-            rows.append(r)
+    rows = first_programs_per_task([r for r in dataset.rows if r.device_id == device and r.latency is not None], 16)
     programs = {task.workload_hash: [a for a in asts(task, candidates) if a is not None]
                 for task, candidates, _, _ in measured_groups(dataset, rows)}
     return select_tasks(programs, k, seed)
@@ -124,24 +120,13 @@ def markdown(report: dict) -> str:
         "cross-device.",
         "",
     ]
-    for name, result in report["results"].items():
-        lines += [f"## {name}: `{result['split']}`", "",
-                  f"train {result['train']['measurements']} measurements, test {result['test']['measurements']} "
-                  f"programs in {result['test']['groups']} task x device groups", "",
-                  "| cost model | " + " | ".join(COLUMNS) + " |", "|---|" + "---:|" * len(COLUMNS)]
-        for model, metrics in result["models"].items():
-            lines.append(f"| {model} | " + " | ".join(_cell(metrics.get(c)) for c in COLUMNS) + " |")
-        lines.append("")
+    lines += split_tables(report["results"], COLUMNS)
     scoring = report["scoring"]
     lines += ["## Scoring", "",
               f"{scoring['programs']} new programs of `{scoring['task']}`, features included (best of 2): "
               + ", ".join(f"{name} {s:.2f} s" for name, s in scoring["seconds"].items())
               + f"; cdmpp / xgb = {scoring['cdmpp_over_xgb']:.2f}", ""]
     return "\n".join(lines)
-
-
-def _cell(value: object) -> str:
-    return "-" if value is None else f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
 if __name__ == "__main__":

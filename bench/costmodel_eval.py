@@ -16,7 +16,7 @@ from tunecore import experiments
 from tunecore.dataset.evaluate import evaluate
 from tunecore.dataset.split import split
 from tunecore.dataset.table import Dataset
-from tunecore.experiments import command_line, environment, write_results
+from tunecore.experiments import command_line, environment, split_tables, write_results
 
 CROSS_MODEL = "workload:zoo:resnet-18,zoo:mobilenet-v2,zoo:bert-tiny"
 COLUMNS = ("spearman", "pairwise_accuracy", "recall@1", "recall@5", "recall@32", "top1_score", "top5_score",
@@ -59,19 +59,8 @@ def markdown(report: dict) -> str:
         f"Command: `{report['command']}`.",
         "",
     ]
-    for name, result in report["results"].items():
-        lines += [f"## {name}: `{result['split']}`", "",
-                  f"train {result['train']['measurements']} measurements, test {result['test']['measurements']} "
-                  f"programs in {result['test']['groups']} task x device groups", "",
-                  "| cost model | " + " | ".join(COLUMNS) + " |", "|---|" + "---:|" * len(COLUMNS)]
-        for model, metrics in result["models"].items():
-            lines.append(f"| {model} | " + " | ".join(_cell(metrics.get(c)) for c in COLUMNS) + " |")
-        lines.append("")
+    lines += split_tables(report["results"], COLUMNS)
     return "\n".join(lines)
-
-
-def _cell(value: object) -> str:
-    return "-" if value is None else f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
 if __name__ == "__main__":

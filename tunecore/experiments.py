@@ -251,6 +251,22 @@ def environment_line(report: dict, threads: int | None = None) -> str:
             f"TVM {env['versions']['apache-tvm']}. Command: `{report['command']}`.")
 
 
+def split_tables(results: dict[str, dict], columns: Sequence[str]) -> list[str]:
+    """Markdown lines: per split of ``tunecore.dataset.evaluate`` results, its sizes and a row per cost model."""
+    from tunecore.cli.render import cell
+
+    lines = []
+    for name, result in results.items():
+        lines += [f"## {name}: `{result['split']}`", "",
+                  f"train {result['train']['measurements']} measurements, test {result['test']['measurements']} "
+                  f"programs in {result['test']['groups']} task x device groups", "",
+                  "| cost model | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
+        for model, metrics in result["models"].items():
+            lines.append(f"| {model} | " + " | ".join(cell(metrics.get(c)) for c in columns) + " |")
+        lines.append("")
+    return lines
+
+
 def write_results(out_dir: str, name: str, report: dict, markdown: str) -> None:
     """bench/results/<name>.json and .md; the markdown is also printed."""
     os.makedirs(out_dir, exist_ok=True)

@@ -45,3 +45,16 @@ def select_tasks(programs_by_task: dict[str, Sequence[CompactAST]], k: int, seed
                 chosen.append(keys[i])
                 break
     return chosen
+
+
+def first_programs_per_task(rows: list, n: int) -> list:
+    """Up to ``n`` distinct programs of each task, in the rows' order."""
+    seen: set[tuple[str, str]] = set()
+    count: dict[str, int] = {}
+    out = []
+    for r in rows:
+        if (r.task_key, r.program_key) not in seen and count.get(r.task_key, 0) < n:
+            seen.add((r.task_key, r.program_key))
+            count[r.task_key] = count.get(r.task_key, 0) + 1
+            out.append(r)
+    return out

@@ -104,7 +104,7 @@ def _adapt(args: argparse.Namespace) -> int:
     from tunecore.dataset.table import Dataset
     from tunecore.options import parse_options
     from tunecore.targets import device_descriptor, resolve_target
-    from tunecore_cdmpp_predictor.adapt import select_tasks
+    from tunecore_cdmpp_predictor.adapt import first_programs_per_task, select_tasks
     from tunecore_cdmpp_predictor.costmodel import CDMPPModel
 
     model = CDMPPModel(weights=args.weights, seed=args.seed)
@@ -118,7 +118,7 @@ def _adapt(args: argparse.Namespace) -> int:
     sample = [r for r in dataset.rows if r.latency is not None and json.loads(r.target)["kind"] == target.kind.name]
     if not sample:
         raise UsageError(f"{args.dataset}: no measured {target.kind.name} programs to choose tasks from")
-    groups = measured_groups(dataset, _first_per_task(sample, 16))
+    groups = measured_groups(dataset, first_programs_per_task(sample, 16))
     _features(model, groups, "features")
     by_task = {task.workload_hash: [a for a in model.asts(task, candidates) if a is not None]
                for task, candidates, _, _ in groups}
@@ -141,19 +141,6 @@ def _adapt(args: argparse.Namespace) -> int:
                   "failed": measured["failed"], "programs": report["programs"], "loss": round(report["loss"], 4),
                   "elapsed_s": round(time.perf_counter() - started, 1)})
     return 0
-
-
-def _first_per_task(rows: list, n: int) -> list:
-    """Up to ``n`` distinct programs of each task, in the rows' order."""
-    seen: set[tuple[str, str]] = set()
-    count: dict[str, int] = {}
-    out = []
-    for r in rows:
-        if (r.task_key, r.program_key) not in seen and count.get(r.task_key, 0) < n:
-            seen.add((r.task_key, r.program_key))
-            count[r.task_key] = count.get(r.task_key, 0) + 1
-            out.append(r)
-    return out
 
 
 def _features(model: Any, groups: list, what: str) -> None:
