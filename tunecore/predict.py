@@ -36,10 +36,12 @@ def predict_workload(workload: Workload, target: Any, store: RecordStore | None,
         candidate, stored_ms = None, None
         for record in store.best(task.task_id, k=4) if store is not None else []:
             try:
-                _ = record.candidate(task).sch  # a trace that no longer applies is skipped, as compile skips it
+                candidate = record.candidate(task)
+                _ = candidate.sch  # replayed once here; a trace that no longer applies is skipped, as compile skips it
             except Exception:
+                candidate = None
                 continue
-            candidate, stored_ms = record.candidate(task), record.latency * 1e3
+            stored_ms = record.latency * 1e3
             break
         if candidate is None:
             candidate = Candidate.from_schedule(task, new_schedule(task.mod), origin="default")
