@@ -201,7 +201,7 @@ def test_ansor_with_xgb_finds_faster_programs_than_random_search_at_the_same_bud
     than random search's, and the median over seeds at most 0.8x (measured: 0.46 / 0.20 / 0.22).
 
     Whether this holds for real timings on this machine is a benchmark's question, not a test's:
-    bench/ansor_vs_random.py (results in docs/results.md)."""
+    bench/search_pairs.py (results in docs/results.md)."""
     from tunecore.testing.helpers import tiled_latency
 
     task = tiny_task("matmul-256")
