@@ -50,6 +50,20 @@ def test_tasks_of_a_zoo_model():
     assert {"conv2d_add_relu@4d", "conv2d_add_add_relu@4d"} <= {t["kernel_class"] for t in out["tasks"]}
 
 
+def test_a_command_that_needs_no_torch_does_not_import_it():
+    """TVM imports torch whenever it is installed (2 s per process); the command line imports TVM
+    without it, and a plugin that needs torch can still import it afterwards."""
+    code = ("import importlib.util, sys\n"
+            "from tunecore.cli import main\n"
+            "assert main(['tasks', '--model', 'op:matmul-64', '--json']) == 0\n"
+            "assert 'tvm' in sys.modules and 'torch' not in sys.modules\n"
+            "if importlib.util.find_spec('torch'):\n"
+            "    import torch\n"
+            "    assert torch.ones(2).sum().item() == 2\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+
+
 def test_records_export_import_round_trip(tmp_path):
     store = str(tmp_path / "a.db")
     _json(run_cli("run", "--model", "op:matmul-64", "--trials", "5", "--store", store, "--json"))

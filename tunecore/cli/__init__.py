@@ -57,8 +57,11 @@ def build_parser(pm: object | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from tunecore.measure.local import import_tvm_without_torch
+
     try:
         args = build_parser().parse_args(argv)
+        import_tvm_without_torch()
         return args.handler(args)
     except UsageError as error:
         print(f"tunecore: error: {error}", file=sys.stderr)

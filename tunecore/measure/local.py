@@ -20,6 +20,7 @@ import inspect
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from typing import Any, Sequence
@@ -42,6 +43,19 @@ def keep_torch_out() -> None:
     paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     if stub not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join([stub] + [p for p in paths if p])
+
+
+def import_tvm_without_torch() -> None:
+    """``import tvm`` in this process without importing torch: TVM imports it whenever it is installed
+    (tvm_ffi, tvm.relax.base_py_module), 2 s per process, for a torch interop tunecore does not use;
+    TVM takes the ImportError as "no torch". A plugin that needs torch still imports it afterwards."""
+    if "tvm" in sys.modules or "torch" in sys.modules:
+        return
+    sys.modules["torch"] = None  # type: ignore[assignment]  # makes `import torch` raise ImportError
+    try:
+        import tvm  # noqa: F401
+    finally:
+        del sys.modules["torch"]
 
 
 class _WarmPool:
