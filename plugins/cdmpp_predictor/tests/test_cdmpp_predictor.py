@@ -136,8 +136,11 @@ def test_weights_round_trip_without_pickle_and_refuse_other_files(shipped, tmp_p
 
 def test_fine_tuning_on_a_second_device_changes_its_predictions_only(shipped):
     first, second = list(shipped.info()["devices"])[:2]
-    model = CDMPPModel(weights="none", epochs=3)
-    model.update_all([(t, c, r) for t, c, r, _ in _groups(shipped, first, "zoo:resnet-18")])
+    model = CDMPPModel(weights="none")
+    steps: list[int] = []
+    model.learn([(t, c, r) for t, c, r, _ in _groups(shipped, first, "zoo:resnet-18")], steps=120,
+                on_step=lambda step, total, loss: steps.append(step))
+    assert steps == list(range(120))  # the steps asked for, also when training from scratch
     task, candidates, _, _ = _groups(shipped, first, "zoo:bert-tiny")[0]
 
     def predictions() -> tuple[np.ndarray, np.ndarray]:

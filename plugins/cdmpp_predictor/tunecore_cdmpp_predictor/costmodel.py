@@ -124,7 +124,7 @@ class CDMPPModel(CostModel):
             return
         added = self._add(task, candidates, results)
         if added and self.online_steps:
-            self._learn(added, self.online_steps)
+            self._learn(added, self.online_steps if self.predictor.trained else None)
 
     def update_all(self, batches: Sequence[tuple[Task, Sequence[Candidate], Sequence[MeasureResult]]]) -> None:
         self.learn(batches)
@@ -137,21 +137,22 @@ class CDMPPModel(CostModel):
         mode = "adapters" if self.predictor.trained else "shared network"
         loss = math.nan
         if added:
-            steps = steps or max(self.online_steps, self.epochs * math.ceil(len(added) / self.batch_size))
             loss = self._learn(added, steps, on_step)
         return {"programs": len(added), "devices": dict(collections.Counter(key[2] for key in added)),
                 "trained": mode, "loss": loss}
 
-    def _learn(self, added: Sequence[tuple], steps: int, on_step: Any = None) -> float:
+    def _learn(self, added: Sequence[tuple], steps: int | None, on_step: Any = None) -> float:
         """Untrained, the model trains its shared network on everything. Trained, new data on a device
         whose data this model trained the shared network on (a run or a dataset it learned from scratch)
         trains the shared network further; new data on any other device (weights from a file, a device
-        never seen) fine-tunes that device's adapter only. Half of every fine-tuning batch is new data."""
+        never seen) fine-tunes that device's adapter only. Half of every fine-tuning batch is new data.
+        ``steps`` None: ``epochs`` passes over what it learns from."""
         if not self.predictor.trained:
             self.own_devices = {key[2] for key in self.pool}
             # a first round of a few dozen programs still needs a few hundred steps to learn anything
-            steps = max(_MIN_STEPS, self.epochs * math.ceil(len(self.pool) / self.batch_size))
+            steps = steps or max(_MIN_STEPS, self.epochs * math.ceil(len(self.pool) / self.batch_size))
             return self._fit(list(self.pool), steps, None, (), on_step)
+        steps = steps or max(self.online_steps, self.epochs * math.ceil(len(added) / self.batch_size))
         loss = math.nan
         new_devices = {key[2] for key in added}
         if new_devices & self.own_devices:
