@@ -81,8 +81,8 @@ def main() -> None:
             latencies = remeasure_together(task, programs)
             seeds.append({"seed": seed, "top_s": latencies, "wall_s": {c: wall for c, (_, wall) in runs.items()}})
             b, c = np.array(latencies[args.baseline]), np.array(latencies[args.contender])
-            print(f"  best {args.contender}/{args.baseline} {c[0] / b[0]:.3f}, top-{TOP_K} mean {c.mean() / b.mean():.3f}",
-                  file=sys.stderr)
+            print(f"  best {args.contender}/{args.baseline} {c[0] / b[0]:.3f}, "
+                  f"top-{TOP_K} mean {c.mean() / b.mean():.3f}", file=sys.stderr)
         report["rows"][f"{args.contender} vs {args.baseline} {op} {args.trials} {cores}"] = {
             "baseline": args.baseline, "contender": args.contender,
             "op": op, "trials": args.trials, "cores": cores, "seeds": seeds,

@@ -72,25 +72,29 @@ def _evaluate_one(registry: Any, name: str, train: list, test: list, split: Spli
             if batches:
                 model.update_all(batches)
         train_s = time.perf_counter() - started
-        scores, predicted_s, predict_s = [], [], 0.0
-        for task, candidates, _, device in test:
-            model.device = device
-            started = time.perf_counter()
-            scores.append(np.asarray(model.predict(task, candidates), dtype=float))
-            if model.predicts_latency:
-                predicted_s.append(np.asarray(model.predict_latency(task, candidates), dtype=float))
-            predict_s += time.perf_counter() - started
+        metrics = held_out_metrics(model, test, [split.weights.get(t.workload_hash, 1) for t, *_ in test], seed)
     finally:
         model.close()
-    rng = np.random.default_rng(seed)
+    return {**metrics, "train_s": round(train_s, 3)}
+
+
+def held_out_metrics(model: Any, test: list, weights: list[float], seed: int) -> dict[str, Any]:
+    """A trained model's ranking metrics on measured groups (``measured_groups``), latency metrics too
+    for a model that predicts latency, and how many programs per second it scores."""
+    scores, predicted_s, predict_s = [], [], 0.0
+    for task, candidates, _, device in test:
+        model.device = device
+        started = time.perf_counter()
+        scores.append(np.asarray(model.predict(task, candidates), dtype=float))
+        if model.predicts_latency:
+            predicted_s.append(np.asarray(model.predict_latency(task, candidates), dtype=float))
+        predict_s += time.perf_counter() - started
     latencies = [np.array([r.latency for r in results]) for _, _, results, _ in test]
-    weights = [split.weights.get(task.workload_hash, 1) for task, _, _, _ in test]
-    metrics = ranking_metrics(latencies, scores, weights, rng)
+    metrics = ranking_metrics(latencies, scores, weights, np.random.default_rng(seed))
     if model.predicts_latency:
         metrics.update(latency_metrics(latencies, predicted_s))
     n_test = sum(map(len, latencies))
-    metrics.update(train_s=round(train_s, 3),
-                   predict_programs_per_s=round(n_test / predict_s, 1) if predict_s > 0 else None)
+    metrics["predict_programs_per_s"] = round(n_test / predict_s, 1) if predict_s > 0 else None
     return metrics
 
 

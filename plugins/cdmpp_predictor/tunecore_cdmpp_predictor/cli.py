@@ -49,7 +49,7 @@ def cmd_cdmpp(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from tunecore.dataset.evaluate import latency_metrics, measured_groups, ranking_metrics
+    from tunecore.dataset.evaluate import held_out_metrics, measured_groups
     from tunecore.dataset.split import device_of, split
     from tunecore.dataset.table import Dataset
     from tunecore_cdmpp_predictor.costmodel import CDMPPModel
@@ -80,20 +80,10 @@ def _train(args: argparse.Namespace) -> int:
     out: dict[str, Any] = {"out": args.out, "programs": report["programs"], "devices": report["devices"],
                            "loss": round(report["loss"], 4), "train_s": round(time.perf_counter() - started, 1)}
     if test_rows:
-        import numpy as np
-
         test = measured_groups(dataset, test_rows)
         _features(model, test, "test features")
-        latencies, scores, predicted = [], [], []
-        for task, candidates, results, device in test:
-            model.device = device
-            seconds = model.predict_latency(task, candidates)
-            latencies.append(np.array([r.latency for r in results]))
-            predicted.append(seconds)
-            scores.append(-seconds)
-        out["test"] = {"programs": sum(map(len, latencies)),
-                       **latency_metrics(latencies, predicted),
-                       **ranking_metrics(latencies, scores, [1] * len(test), np.random.default_rng(args.seed))}
+        out["test"] = {"programs": sum(len(g[1]) for g in test), **held_out_metrics(
+            model, test, [parts.weights.get(t.workload_hash, 1) for t, *_ in test], args.seed)}
     _print(args, out)
     return 0
 
