@@ -89,7 +89,7 @@ def main() -> None:
             "best_ratio": [s["top_s"][args.contender][0] / s["top_s"][args.baseline][0] for s in seeds],
             "mean_ratio": [float(np.mean(s["top_s"][args.contender]) / np.mean(s["top_s"][args.baseline]))
                            for s in seeds],
-            "command": command_line("search_pairs.py"),
+            "command": command_line("search_pairs.py"), "mcpu": environment()["device"]["mcpu"],
         }
     report["environment"] = environment()
     write_results(args.out, "search_pairs", report, markdown(report))
@@ -99,13 +99,13 @@ def markdown(report: dict) -> str:
     env = report["environment"]
     lines = [
         "# Two searches at the same budget", "",
-        f"CPU: {env['cpu']} ({env['cores']} cores), TVM {env['versions']['apache-tvm']}. The 4 best programs of each "
-        "run re-measured together (median of 8 passes in random order). Ratios are contender / baseline: "
-        "below 1, the contender's programs are faster.", "",
-        "| contender | baseline | operator | trials | kernel threads | baseline best ms (per seed) "
+        f"Last run: {env['cpu']} ({env['cores']} cores), TVM {env['versions']['apache-tvm']}. "
+        "The 4 best programs of each run re-measured together (median of 8 passes in random order). "
+        "Ratios are contender / baseline: below 1, the contender's programs are faster.", "",
+        "| contender | baseline | operator | trials | CPU | kernel threads | baseline best ms (per seed) "
         "| contender best ms (per seed) | best ratio (per seed) | top-4 mean ratio (per seed) "
         "| baseline / contender wall s (per seed) | command |",
-        "|---|---|---|---:|---:|---|---|---|---|---|---|",
+        "|---|---|---|---:|---|---:|---|---|---|---|---|---|",
     ]
     for row in report["rows"].values():
         seeds, baseline, contender = row["seeds"], row["baseline"], row["contender"]
@@ -114,7 +114,8 @@ def markdown(report: dict) -> str:
         walls = " / ".join(f"{s['wall_s'][baseline]:.0f}-{s['wall_s'][contender]:.0f}" for s in seeds)
         best_ratio = " / ".join(f"{x:.2f}" for x in row["best_ratio"])
         mean_ratio = " / ".join(f"{x:.2f}" for x in row["mean_ratio"])
-        lines.append(f"| {contender} | {baseline} | {row['op']} | {row['trials']} | {row['cores']} | {baseline_best} "
+        lines.append(f"| {contender} | {baseline} | {row['op']} | {row['trials']} | {row['mcpu']} | {row['cores']} "
+                     f"| {baseline_best} "
                      f"| {contender_best} | {best_ratio} | {mean_ratio} | {walls} | `{row['command']}` |")
     lines.append("")
     return "\n".join(lines)
