@@ -246,6 +246,9 @@ def test_bad_dataset_files_are_one_line_errors(collected, tmp_path):
     pq.write_table(table.replace_schema_metadata({**{k.decode(): v.decode() for k, v in table.schema.metadata.items()},
                                                   "format_version": "99"}), future)
     assert_one_line_exit_2(run_cli("dataset", "info", str(future)), "version 99")
+    no_traces = tmp_path / "no-traces.parquet"
+    pq.write_table(table.drop_columns(["trace"]), no_traces)
+    assert_one_line_exit_2(run_cli("dataset", "info", str(no_traces)), "without its columns trace")
     assert_one_line_exit_2(run_cli("costmodel", "eval", "--dataset", str(collected[0]), "--cost-model", "none",
                                    "--split", "nokind:x"), "expected KIND:VALUES")
     assert_one_line_exit_2(run_cli("costmodel", "eval", "--dataset", str(collected[0]), "--cost-model", "nosuch",

@@ -189,7 +189,8 @@ class Dataset:
 
     @classmethod
     def load(cls, path: str) -> Dataset:
-        """Read a dataset file; UsageError (one line) for a missing file, another format or version."""
+        """Read a dataset file; UsageError (one line) for a missing file, another format or version, or
+        missing columns."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -205,6 +206,10 @@ class Dataset:
         if meta.get("format_version") != str(FORMAT_VERSION):
             raise UsageError(f"{path}: {FORMAT} version {meta.get('format_version')}; this tunecore reads version "
                              f"{FORMAT_VERSION}")
+        missing = [name for name in (*_TASK_COLUMNS, *_ROW_COLUMNS) if name not in schema.names]
+        if missing or "devices" not in meta:
+            raise UsageError(f"{path}: a {FORMAT} file without its " + (f"columns {', '.join(missing)}" if missing
+                                                                          else "device descriptions"))
         table = pq.read_table(path, read_dictionary=list(_SHARED_COLUMNS))
         dataset = cls()
         dataset.devices = json.loads(meta["devices"])

@@ -182,6 +182,12 @@ def test_train_command_reports_held_out_error_and_predict_uses_its_weights(slice
                                    "-o", weights), "zoo:nothing")
     assert_one_line_exit_2(run_cli("cdmpp", "train", "--dataset", str(tmp_path / "none.parquet"), "-o", weights),
                            "none.parquet")
+    import pyarrow.parquet as pq
+
+    no_latencies = str(tmp_path / "no-latencies.parquet")
+    pq.write_table(pq.read_table(slice_path).drop_columns(["run_secs"]), no_latencies)
+    assert_one_line_exit_2(run_cli("cdmpp", "train", "--dataset", no_latencies, "-o", weights),
+                           "without its columns run_secs")
 
 
 def test_a_device_without_features_and_a_ranking_only_model_are_usage_errors():
