@@ -1,6 +1,7 @@
 """Datasets: collect, resume, remeasure on another device, the file format, splits and the yardstick."""
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -68,6 +69,26 @@ def test_remeasure_adds_the_same_programs_on_another_device(collected):
                                if r.device_id == primary and r.latency is not None}
     again = cli_json(run_cli("dataset", "remeasure", str(path), "--target", OTHER_DEVICE, "--json"))
     assert again["measured"] == 0
+
+
+def test_remeasure_again_before_a_time_replaces_a_devices_labels_and_resumes(collected, tmp_path):
+    path, _, _, _, remeasured = collected
+    copy = str(tmp_path / "copy.parquet")
+    shutil.copy(path, copy)
+    rows_before = len(Dataset.load(copy).rows)
+    cutoff = str(max(r.measured_at for r in Dataset.load(copy).rows) + 0.001)
+    renewed = cli_json(run_cli("dataset", "remeasure", copy, "--target", OTHER_DEVICE, "--again-before", cutoff,
+                               "--json"))
+    assert renewed["measured"] == remeasured["measured"] and renewed["device_id"] == remeasured["device_id"]
+    dataset = Dataset.load(copy)
+    assert len(dataset.rows) == rows_before
+    assert all(r.measured_at > float(cutoff) for r in dataset.rows if r.device_id == renewed["device_id"])
+    assert all(r.measured_at < float(cutoff) for r in dataset.rows if r.device_id != renewed["device_id"])
+    resumed = cli_json(run_cli("dataset", "remeasure", copy, "--target", OTHER_DEVICE, "--again-before", cutoff,
+                               "--json"))
+    assert resumed["measured"] == 0
+    result = run_cli("dataset", "remeasure", copy, "--target", OTHER_DEVICE, "--again-before", "yesterday")
+    assert result.returncode == 2 and "not a time: 'yesterday'" in result.stderr
 
 
 def test_file_round_trip_merge_and_store_round_trip(collected, tmp_path):

@@ -37,6 +37,10 @@ def add_commands(register: Any) -> None:
     remeasure.add_argument("--per-task", type=int, default=None, help="at most this many programs per task")
     remeasure.add_argument("--from-device", default=None,
                            help="only programs measured on this device (id or prefix; default: any)")
+    remeasure.add_argument("--again-before", type=moment, default=None, metavar="TIME",
+                           help="measure again the programs this device measured before TIME (Unix seconds or "
+                                "ISO date-time, UTC unless it says), replacing their rows; run again with the "
+                                "same TIME to resume")
     _add_run_limits(remeasure)
 
     info = sub.add_parser("info", help="counts by device, workload and task")
@@ -74,6 +78,20 @@ def duration(text: str) -> float:
     return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
 
 
+def moment(text: str) -> float:
+    import datetime
+
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        when = datetime.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a time: {text!r} (e.g. 2026-11-24T04:00 or 1795492800)") from None
+    return (when if when.tzinfo else when.replace(tzinfo=datetime.timezone.utc)).timestamp()
+
+
 def cmd_dataset(args: argparse.Namespace) -> int:
     return _COMMANDS[args.dataset_command](args)
 
@@ -100,7 +118,8 @@ def _remeasure(args: argparse.Namespace) -> int:
 
     options = parse_options(args.option, [args.measurer])
     report = _with_progress(args, lambda on_progress: remeasure(
-        args.dataset, args.target, per_task=args.per_task, source_device=args.from_device, measurer_name=args.measurer,
+        args.dataset, args.target, per_task=args.per_task, source_device=args.from_device,
+        again_before=args.again_before, measurer_name=args.measurer,
         options=options, seed=args.seed, time_limit=args.time_limit, on_progress=on_progress))
     _print_report(args, report, [(report["device"], report["measured"], report["failed"], report["stopped"])])
     return 0

@@ -129,7 +129,8 @@ def collect(path: str, plan: CollectPlan, *, registry: Any = None,
 
 
 def remeasure(path: str, target_spec: str, *, per_task: int | None = None, source_device: str | None = None,
-              task_keys: Collection[str] | None = None, measurer_name: str = "local",
+              task_keys: Collection[str] | None = None, again_before: float | None = None,
+              measurer_name: str = "local",
               options: dict[str, dict[str, Any]] | None = None, seed: int = 0,
               time_limit: float | None = None, registry: Any = None,
               on_progress: Callable[[Progress], None] | None = None) -> dict[str, Any]:
@@ -138,7 +139,10 @@ def remeasure(path: str, target_spec: str, *, per_task: int | None = None, sourc
 
     Takes every program measured successfully on ``source_device`` (default: on any device), or per
     task the first ``per_task`` of them in an order fixed by ``seed`` (so an interrupted remeasure
-    continues with the same programs); of the tasks in ``task_keys`` only, if given.
+    continues with the same programs); of the tasks in ``task_keys`` only, if given. A program already
+    measured on that device is skipped, unless its measurement is older than ``again_before`` (a Unix
+    time): then it is measured again and the new measurement replaces the old, so that a device's
+    labels can be renewed on a quiet machine, resumably (run again with the same time).
     """
     from tunecore.data import Candidate
     from tunecore.registry import Registry
@@ -164,8 +168,12 @@ def remeasure(path: str, target_spec: str, *, per_task: int | None = None, sourc
     with _measurer(registry, plan, target) as measurer:
         device = measurer.device()
         device_id = dataset.add_device(device)
-        todo = {key: [r for r in rows if not dataset.has(key, r.program_key, device_id)]
-                for key, rows in chosen.items()}
+
+        def wanted(key: str, program_key: str) -> bool:
+            known = dataset.row(key, program_key, device_id)
+            return known is None or (again_before is not None and known.measured_at < again_before)
+
+        todo = {key: [r for r in rows if wanted(key, r.program_key)] for key, rows in chosen.items()}
         total = sum(map(len, todo.values()))
         label = describe_device(device)
         measured = failed = 0
@@ -183,7 +191,8 @@ def remeasure(path: str, target_spec: str, *, per_task: int | None = None, sourc
                     for row, result in zip(part, results):
                         dataset.add(Measurement(key, row.program_key, row.trace, device_id, target_json,
                                                 result.run_secs, result.error, result.build_secs,
-                                                dict(result.profile), row.origin, row.collected_by, now))
+                                                dict(result.profile), row.origin, row.collected_by, now),
+                                    replace=again_before is not None)
                     measured += len(part)
                     failed += sum(r.latency is None for r in results)
                     if on_progress:

@@ -101,7 +101,7 @@ class Dataset:
         self.tasks: dict[str, DatasetTask] = {}
         self.devices: dict[str, dict[str, Any]] = {}  # device id -> Measurer.device()
         self.rows: list[Measurement] = []
-        self._seen: set[tuple[str, str, str]] = set()
+        self._row_of: dict[tuple[str, str, str], Measurement] = {}  # (task, program, device) -> its row
         self._by_task: dict[tuple[str, str], list[Measurement]] = collections.defaultdict(list)
 
     # building
@@ -121,20 +121,26 @@ class Dataset:
         self.devices.setdefault(identity, description)
         return identity
 
-    def add(self, row: Measurement) -> bool:
-        """Add a measurement unless that program is in already for that device; True if added."""
+    def add(self, row: Measurement, replace: bool = False) -> bool:
+        """Add a measurement unless that program is in already for that device (``replace``: then it
+        takes the place of the one in); True if added or replaced."""
         if row.task_key not in self.tasks or row.device_id not in self.devices:
             raise ValueError("add the task and the device before their measurements")
         identity = (row.task_key, row.program_key, row.device_id)
-        if identity in self._seen:
-            return False
-        self._seen.add(identity)
+        known = self._row_of.get(identity)
+        if known is not None:
+            if replace:  # in place: the row keeps its position in rows and in its task's list
+                for field in dataclasses.fields(Measurement):
+                    setattr(known, field.name, getattr(row, field.name))
+            return replace
+        self._row_of[identity] = row
         self.rows.append(row)
         self._by_task[row.task_key, row.device_id].append(row)
         return True
 
-    def has(self, task_key: str, program_key: str, device_id: str) -> bool:
-        return (task_key, program_key, device_id) in self._seen
+    def row(self, task_key: str, program_key: str, device_id: str) -> Measurement | None:
+        """The measurement of a program on a device, if there is one."""
+        return self._row_of.get((task_key, program_key, device_id))
 
     def merge(self, other: Dataset) -> int:
         """Add another dataset's tasks, devices and rows; returns how many rows were new."""
