@@ -68,6 +68,7 @@ def main() -> None:
     work = tempfile.mkdtemp(prefix="tunecore-bench-search-pairs-")
     path = os.path.join(args.out, "search_pairs.json")
     report = json.load(open(path)) if os.path.exists(path) else {"benchmark": "search_pairs", "rows": {}}
+    report["environment"] = environment()
     for op in args.ops.split(","):
         task = None
         seeds = []
@@ -89,9 +90,8 @@ def main() -> None:
             "best_ratio": [s["top_s"][args.contender][0] / s["top_s"][args.baseline][0] for s in seeds],
             "mean_ratio": [float(np.mean(s["top_s"][args.contender]) / np.mean(s["top_s"][args.baseline]))
                            for s in seeds],
-            "command": command_line("search_pairs.py"), "mcpu": environment()["device"]["mcpu"],
+            "command": command_line("search_pairs.py"), "mcpu": report["environment"]["device"]["mcpu"],
         }
-    report["environment"] = environment()
     write_results(args.out, "search_pairs", report, markdown(report))
 
 
