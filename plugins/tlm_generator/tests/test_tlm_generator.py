@@ -1,0 +1,296 @@
+"""The tlm_generator plugin: sentences of real tasks and their round trip, constrained decoding, training, the
+weights file, and `tlm` as the search policy of a run."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tunecore_tlm_generator import model as lm
+from tunecore_tlm_generator.sentences import MAX_NUMBER, Slot, Vocabulary
+from tunecore_tlm_generator.sketches import apply_decisions, realize, sampled_decisions, trace_decisions
+from tunecore_tlm_generator.training import Sketches, task_targets
+
+from tunecore.dataset.table import Dataset
+from tunecore.testing import SearchPolicyConformance
+from tunecore.testing.cli import assert_one_line_exit_2, cli_json, run_cli
+from tunecore.tvmjson import schedule_key
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+SHIPPED = os.path.join(ROOT, "datasets", "cpu-programs.parquet")
+
+
+class TestTlmIsASearchPolicy(SearchPolicyConformance):
+    name = "tlm"
+
+
+@pytest.fixture(scope="module")
+def shipped() -> Dataset:
+    return Dataset.load(SHIPPED)
+
+
+@pytest.fixture(scope="module")
+def sketches() -> Sketches:
+    return Sketches()
+
+
+@pytest.fixture(scope="module")
+def diverse(shipped) -> list:
+    """(dataset task, target) for a task of every third kernel class of the dataset (and of those with compute
+    locations), on the primary device's target: convolutions 1-3d, transposed, depthwise, capsule, matmuls,
+    pools, softmax, layer norm, injective ops."""
+    classes = sorted({t.kernel_class for t in shipped.tasks.values()})
+    wanted = set(classes[::3]) | {"conv2d_transpose_add_relu@4d", "softmax@4d"}
+    pairs, seen = [], set()
+    for task, target in task_targets(shipped):
+        if task.kernel_class in wanted - seen and '"num-cores": 2' in target:
+            seen.add(task.kernel_class)
+            pairs.append((task, target))
+    return pairs
+
+
+def _decode(prompt, vocab, completion_ids):
+    steps = lm.completion_steps(prompt, vocab)
+    allowed, _ = next(steps)
+    for token in completion_ids:
+        assert token in allowed
+        try:
+            allowed, _ = steps.send(token)
+        except StopIteration as done:
+            return done.value
+    raise AssertionError("the completion did not end")
+
+
+def test_sentences_round_trip_on_real_tasks(shipped, sketches, diverse):
+    """trace -> tokens -> decisions -> program gives the program the trace was, for random and measured programs."""
+    vocab, checked, measured_checked = Vocabulary(), 0, 0
+    for task, target in diverse:
+        space, prompts, _ = sketches.of(task, target)
+        for prompt in prompts:
+            for seed in (1, 2):
+                decisions = sampled_decisions(space, prompt, seed)
+                assert decisions is not None
+                ids, _ = lm.encode_example(prompt, decisions, vocab)
+                completion = ids[ids.index(2) + 1:]  # after [SEP]
+                assert _decode(prompt, vocab, completion) == [d if isinstance(d, int) else list(d) for d in decisions]
+                sch, why = apply_decisions(space, prompt, decisions, seed=seed)
+                again, _ = apply_decisions(space, prompt, _decode(prompt, vocab, completion), seed=seed)
+                assert sch is not None, why
+                assert again is not None and again.mod.script() == sch.mod.script()
+                checked += 1
+        rows = [r for r in shipped.rows if r.task_key == task.key and r.target == target and r.latency is not None]
+        for row in rows[:8]:  # stored programs: the same decisions back, and sampled ones the same program
+            for prompt in (p for p in prompts if p.slots):
+                decisions = trace_decisions(row.trace, prompt)
+                if decisions is None:
+                    continue
+                ids, _ = lm.encode_example(prompt, decisions, vocab)
+                decoded = _decode(prompt, vocab, ids[ids.index(2) + 1:])
+                assert decoded == [d if isinstance(d, int) else list(d) for d in decisions]
+                if row.origin.endswith("random"):  # evolved ones may carry postprocessing of a mutated trace
+                    sch, _ = apply_decisions(space, prompt, decoded)
+                    assert schedule_key(sch) == row.program_key
+                    measured_checked += 1
+    assert checked >= 2 * len(diverse) and measured_checked >= len(diverse)
+
+
+def test_sentences_are_compact(sketches, diverse):
+    vocab = Vocabulary()
+    lengths = []
+    for task, target in diverse:
+        space, prompts, _ = sketches.of(task, target)
+        for prompt in prompts:
+            ids, _ = lm.encode_example(prompt, sampled_decisions(space, prompt, 1), vocab)
+            lengths.append(len(ids))
+    assert max(lengths) <= lm.Config(vocab_size=1).context
+
+
+@given(st.integers(1, 5000), st.integers(1, 5), st.sampled_from([0, 16, 64]), st.randoms(use_true_random=False))
+@settings(max_examples=300, deadline=None)
+def test_every_path_through_a_tile_slot_is_a_perfect_tiling(extent, n, max_innermost, random):
+    slot = Slot("SamplePerfectTile", extent=extent, n=n, max_innermost=max_innermost)
+    if n == 1 and 0 < max_innermost < extent:
+        return  # no such sketch: MetaSchedule splits a loop in one only without a limit
+    values: list[int] = []
+    for _ in range(n):
+        choices = slot.choices(values)
+        assert choices, (extent, n, max_innermost, values)
+        values.append(random.choice(choices))
+    assert math.prod(values) == extent
+    assert max_innermost <= 0 or values[-1] <= max_innermost
+    assert slot.is_valid(values)
+
+
+@given(st.integers(-2, MAX_NUMBER))
+def test_every_number_is_written_and_read_back(value):
+    vocab = Vocabulary()
+    assert vocab.decode_numbers(vocab.number(value)) == [value]
+
+
+def test_constrained_decoding_writes_only_valid_programs(sketches, diverse):
+    """An untrained model samples almost anything the masks allow: every decision must still be legal, and every
+    sample must give a program that replays and passes the postprocessors (a compute location that makes a
+    dynamic loop moves to the next one the model ranked, which only happens in sketches that have one)."""
+    vocab = Vocabulary([w for t, target in diverse for p in sketches.of(t, target)[1] for w in p.words
+                        if isinstance(w, str)])
+    model = lm.new_model(vocab, seed=0, n_layer=1, n_embd=32)
+    generator = torch.Generator().manual_seed(0)
+    total = relocated = 0
+    for task, target in diverse:
+        space, prompts, _ = sketches.of(task, target)
+        for prompt in prompts:
+            for sample in lm.generate(model, vocab, prompt, 12, 1.5, generator):
+                assert all(s.is_valid(d) for s, d in zip(prompt.slots, sample.decisions))
+                sch, moved = realize(space, prompt, sample, seed=3)
+                assert sch is not None, task.name
+                assert not moved or any(s.kind == "SampleComputeLocation" for s in prompt.slots)
+                total += 1
+                relocated += moved
+    assert total == 12 * sum(len(sketches.of(t, target)[1]) for t, target in diverse)
+    assert relocated < total / 10
+
+
+@pytest.fixture(scope="module")
+def bert_tiny(shipped, tmp_path_factory) -> str:
+    """The primary device's programs of bert-tiny's and dcgan's tasks, as a dataset file."""
+    primary = max(shipped.devices, key=lambda d: sum(r.device_id == d for r in shipped.rows))
+    part = Dataset()
+    for key, task in shipped.tasks.items():
+        if {"zoo:bert-tiny", "zoo:dcgan"} & set(task.workloads):
+            part.add_task(task)
+            part.add_device(shipped.devices[primary])
+            for row in shipped.rows_of(key, primary):
+                part.add(row)
+    path = str(tmp_path_factory.mktemp("tlm") / "slice.parquet")
+    part.save(path)
+    return path
+
+
+def test_pretrain_lowers_the_loss_and_finetune_learns_the_best(bert_tiny, tmp_path):
+    base, tuned = str(tmp_path / "base.pt"), str(tmp_path / "tuned.pt")
+    out = cli_json(run_cli("tlm", "pretrain", "-d", bert_tiny, "--exclude", "zoo:dcgan", "--per-sketch", "6",
+                           "--steps", "40", "--layers", "1", "--width", "64", "-o", base, "--json"))
+    assert out["held_out_loss"] < 0.7 * out["held_out_loss_before"]
+    assert not os.path.exists(base + ".ckpt") and not os.path.exists(base + ".corpus.npz")
+    model, vocab, metadata = lm.load(base)
+    assert metadata["stage"] == "pretrained"
+    assert metadata["trained_on"]["workloads"] == ["zoo:bert-base", "zoo:bert-tiny"]
+    out = cli_json(run_cli("tlm", "finetune", "-d", bert_tiny, "--weights", base, "--steps", "30", "-o", tuned,
+                           "--json"))
+    assert out["programs"] > 5 and out["loss"] < out["loss_before"]
+    blob = torch.load(tuned, weights_only=True)  # what users load: no pickle
+    assert json.loads(blob["metadata"])["stage"] == "finetuned"
+
+
+def test_pretrain_resumes_from_its_checkpoint(bert_tiny, tmp_path):
+    out = str(tmp_path / "base.pt")
+    args = ["tlm", "pretrain", "-d", bert_tiny, "--exclude", "zoo:dcgan", "--per-sketch", "3", "--layers", "1",
+            "--width", "32", "-o", out, "--json"]
+    first = cli_json(run_cli(*args, "--steps", "120"))
+    # a run stopped after its first 100 steps leaves the checkpoint and the corpus; the same command continues
+    from tunecore_tlm_generator import cli as tlm_cli
+
+    calls = []
+    original = lm.train_steps
+    try:
+        def stop_after_first_chunk(*a, **k):
+            calls.append(a[3])
+            if len(calls) > 1:
+                raise KeyboardInterrupt
+            return original(*a, **k)
+        lm.train_steps = stop_after_first_chunk
+        with pytest.raises(KeyboardInterrupt):
+            tlm_cli.cmd_tlm(tlm_cli_args(args + ["--steps", "120"]))
+    finally:
+        lm.train_steps = original
+    assert os.path.exists(out + ".ckpt") and os.path.exists(out + ".corpus.npz")
+    assert torch.load(out + ".ckpt", weights_only=True)["step"] == 100
+    resumed = cli_json(run_cli(*args, "--steps", "120"))
+    assert resumed["held_out_loss"] == pytest.approx(first["held_out_loss"], rel=0.05)
+    assert not os.path.exists(out + ".ckpt")
+
+
+def tlm_cli_args(args: list[str]):
+    import argparse
+
+    from tunecore_tlm_generator.cli import add_commands
+
+    from tunecore.cli import Parser
+
+    parser = Parser(prog="tunecore")
+    sub = parser.add_subparsers(dest="command", parser_class=Parser)
+    add_commands(lambda name, handler, help: sub.add_parser(name, help=help))
+    parsed = parser.parse_args(args)
+    assert isinstance(parsed, argparse.Namespace)
+    return parsed
+
+
+def test_bad_weights_are_one_line_exit_2(tmp_path):
+    text = tmp_path / "notes.pt"
+    text.write_text("not weights")
+    result = run_cli("run", "--model", "op:matmul-64", "--search", "tlm", "-O", f"search.weights={text}",
+                     "--trials", "4", "--store", str(tmp_path / "s.db"))
+    assert_one_line_exit_2(result, "not TLM weights")
+    model, vocab, metadata = lm.load(os.path.join(os.path.dirname(lm.__file__), "weights", "tlm-cpu.pt"))
+    other = tmp_path / "other.pt"
+    lm.save(str(other), model, vocab, {})
+    blob = torch.load(other, weights_only=True)
+    meta = json.loads(blob["metadata"])
+    meta["fingerprint"] = "0" * 16
+    torch.save({"metadata": json.dumps(meta), "state_dict": blob["state_dict"]}, other)
+    result = run_cli("tlm", "finetune", "-d", SHIPPED, "--weights", str(other), "-o", str(tmp_path / "x.pt"))
+    assert_one_line_exit_2(result, "another vocabulary")
+    result = run_cli("tlm", "pretrain", "-d", SHIPPED, "--exclude", "zoo:nothing", "-o", str(tmp_path / "y.pt"))
+    assert_one_line_exit_2(result, "no workload zoo:nothing")
+
+
+@pytest.mark.parametrize("cost_model", ["none", "xgb"])
+def test_tlm_guides_a_run_with_any_cost_model(tmp_path, cost_model):
+    store = str(tmp_path / "s.db")
+    result = run_cli("run", "--model", "op:matmul-128", "--search", "tlm", "--cost-model", cost_model,
+                     "-O", "search.online_every=8", "--trials", "24", "--store", store, "--json")
+    summary = cli_json(result)
+    assert summary["trials_measured"] == 24 and summary["errors"] == 0
+    (task,) = summary["tasks"]
+    assert task["search_report"]["tlm"].endswith("sketches") and task["search_report"]["invalid"] == 0
+
+
+def test_a_task_the_model_cannot_write_falls_back_to_random_and_says_so(matmul_task):
+    from tunecore.interfaces import TaskContext
+    from tunecore.registry import Registry
+    from tunecore.space import DesignSpace
+    from tunecore.store.sqlite import MemoryStore
+
+    registry = Registry()
+    policy = registry.get("search", "tlm")(cost_model=registry.get("cost_model", "none")(), store=MemoryStore())
+    policy.model.config.context = 8  # no prompt fits: every sketch is beyond what the model can write
+    policy.start_task(TaskContext(matmul_task, DesignSpace(matmul_task), 0, set(), []))
+    assert len(policy.propose(matmul_task, 4)) == 4
+    assert policy.task_report(matmul_task)["tlm"].startswith("random (")
+
+
+def test_online_fine_tuning_learns_from_the_fastest_measured():
+    from tunecore.registry import Registry
+    from tunecore.store.sqlite import MemoryStore
+    from tunecore.testing import InstantMeasurer, tiled_latency
+    from tunecore.testing.helpers import tiny_task
+    from tunecore.tuner import Tuner
+
+    task = tiny_task("matmul-128")
+    registry = Registry()
+    store = MemoryStore()
+    policy = registry.get("search", "tlm")(cost_model=registry.get("cost_model", "none")(), store=store,
+                                           online_every=8, online_steps=4)
+    before = [p.detach().clone() for p in policy.model.parameters()]
+    tuner = Tuner(search=policy, cost_model=policy.cost_model, store=store,
+                  measurer=InstantMeasurer(task.target, latency=tiled_latency), round_size=8)
+    tuner.tune([task], 24, {"model": task.model})
+    assert policy.online_updates == 3
+    assert any(not torch.equal(a, b) for a, b in zip(before, policy.model.parameters()))
+    (state,) = policy.tasks.values()
+    assert [b[0] for b in state.best] == sorted(r.latency for r in store.best(task.task_id, 4))

@@ -1,0 +1,250 @@
+"""``tunecore tlm pretrain|finetune``: pre-train on unlabeled random programs, fine-tune on the best measured ones.
+
+Both are resumable: a checkpoint beside the output (``OUT.ckpt``: model, optimizer, step; and for
+pre-training the sampled corpus, ``OUT.corpus.npz``) is written every 100 steps and removed when the
+weights are written; running the same command again continues from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from tunecore.cli import Parser, render
+from tunecore.errors import UsageError
+
+_CHECKPOINT_EVERY = 100
+
+
+def add_commands(register: Any) -> None:
+    tlm = register("tlm", cmd_tlm, help="pre-train and fine-tune the TLM schedule generator")
+    sub = tlm.add_subparsers(dest="tlm_command", required=True, parser_class=Parser)
+
+    pretrain = sub.add_parser("pretrain", help="train on random programs of a dataset's tasks (nothing measured)")
+    finetune = sub.add_parser("finetune", help="train on the best measured programs per task of a dataset")
+    for p in (pretrain, finetune):
+        p.add_argument("--dataset", "-d", required=True, help="dataset file (.parquet)")
+        p.add_argument("--exclude", default="", help="workloads whose kernels stay out of training, "
+                                                     "e.g. zoo:resnet-18,zoo:mobilenet-v2 (held out for evaluation)")
+        p.add_argument("--steps", type=int, default=None, help="optimizer steps")
+        p.add_argument("--batch-size", type=int, default=32)
+        p.add_argument("--lr", type=float, default=None)
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--out", "-o", required=True, help="weights file to write (.pt)")
+        p.add_argument("--json", action="store_true")
+    pretrain.add_argument("--per-sketch", type=int, default=48, help="random programs per sketch (default 48)")
+    pretrain.add_argument("--layers", type=int, default=4)
+    pretrain.add_argument("--width", type=int, default=128)
+    finetune.add_argument("--weights", default="shipped-base",
+                          help="pre-trained model: 'shipped-base' or a weights file from `tlm pretrain`")
+    finetune.add_argument("--top", type=int, default=1, help="best programs per task and device (TLM: 1)")
+    finetune.add_argument("--devices", default=None, help="only measurements on these devices (ids or prefixes)")
+
+
+def cmd_tlm(args: argparse.Namespace) -> int:
+    for name in ("steps", "batch_size", "per_sketch", "top", "layers", "width"):
+        value = getattr(args, name, 1)
+        if value is not None and value < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.lr is not None and args.lr <= 0:
+        raise UsageError("--lr must be positive")
+    return {"pretrain": _pretrain, "finetune": _finetune}[args.tlm_command](args)
+
+
+def _pairs(args: argparse.Namespace) -> tuple[Any, list]:
+    from tunecore.dataset.table import Dataset
+    from tunecore_tlm_generator.training import task_targets
+
+    dataset = Dataset.load(args.dataset)
+    exclude = [w.strip() for w in args.exclude.split(",") if w.strip()]
+    unknown = set(exclude) - {w for t in dataset.tasks.values() for w in t.workloads}
+    if unknown:
+        raise UsageError(f"--exclude: {args.dataset} has no workload {sorted(unknown)[0]}")
+    pairs = task_targets(dataset, exclude)
+    if not pairs:
+        raise UsageError(f"{args.dataset}: no tasks left to train on")
+    return dataset, pairs
+
+
+def _pretrain(args: argparse.Namespace) -> int:
+    import torch
+
+    from tunecore.targets import physical_cores
+    from tunecore_tlm_generator import model as lm
+    from tunecore_tlm_generator.sentences import Vocabulary
+    from tunecore_tlm_generator.training import Sketches, describe, random_programs
+
+    torch.set_num_threads(physical_cores())
+    dataset, pairs = _pairs(args)
+    started = time.perf_counter()
+    settings = {"dataset": os.path.abspath(args.dataset), "exclude": args.exclude, "per_sketch": args.per_sketch,
+                "seed": args.seed}
+    corpus_path = args.out + ".corpus.npz"
+    corpus = _load_corpus(corpus_path, settings)
+    if corpus is None:
+        sketches = Sketches()
+        with render.progress(transient=args.json) as display:
+            bar = display.add_task("sampling random programs", total=len(pairs))
+            programs = random_programs(sketches, pairs, args.per_sketch, args.seed, physical_cores(),
+                                       on_task=lambda: display.advance(bar))
+        if not programs:
+            raise UsageError(f"{args.dataset}: none of its tasks has a sketch TLM can write")
+        vocab = Vocabulary([w for p in {id(p): p for p, _ in programs}.values() for w in p.words if isinstance(w, str)])
+        examples = _encode_all(programs, vocab)
+        corpus = {"vocabulary": vocab.words, "examples": examples}
+        _save_corpus(corpus_path, settings, corpus)
+    vocab, examples = Vocabulary(corpus["vocabulary"]), corpus["examples"]
+    rng = np.random.default_rng(args.seed)
+    order = rng.permutation(len(examples))
+    held = [examples[i] for i in order[: max(1, len(examples) // 20)]]  # 5% to report the loss on
+    train = [examples[i] for i in order[len(held):]]
+    steps = args.steps or max(200, len(train) // args.batch_size)  # one pass: ~20 min on 2 cores for the shipped data
+    model = lm.new_model(vocab, args.seed, n_layer=args.layers, n_embd=args.width)
+    longest = max(len(ids) for ids, _ in examples)
+    if longest > model.config.context:
+        raise UsageError(f"a sentence has {longest} tokens, more than the model's context ({model.config.context})")
+    before = lm.mean_loss(model, held)
+    loss = _train(model, train, steps, args, lr=args.lr or 1e-3, schedule="cosine", settings=settings)
+    after = lm.mean_loss(model, held)
+    info = {"stage": "pretrained", "trained_on": {**describe(pairs), "dataset": os.path.basename(args.dataset),
+                                                  "exclude": args.exclude, "programs": len(examples),
+                                                  "steps": steps}}
+    lm.save(args.out, model, vocab, info)
+    _done(args.out)
+    _print(args, {"out": args.out, "programs": len(examples), "tasks": describe(pairs)["tasks"],
+                  "vocabulary": len(vocab), "parameters": lm.parameters(model), "steps": steps,
+                  "tokens_per_program": round(float(np.mean([len(ids) for ids, _ in examples])), 1),
+                  "held_out_loss_before": round(before, 4), "held_out_loss": round(after, 4),
+                  "train_loss": round(loss, 4), "elapsed_s": round(time.perf_counter() - started, 1)})
+    return 0
+
+
+def _finetune(args: argparse.Namespace) -> int:
+    import torch
+
+    from tunecore.dataset.split import device_of
+    from tunecore.targets import physical_cores
+    from tunecore_tlm_generator import model as lm
+    from tunecore_tlm_generator.search import SHIPPED_BASE
+    from tunecore_tlm_generator.training import Sketches, best_programs, describe
+
+    torch.set_num_threads(physical_cores())
+    path = SHIPPED_BASE if args.weights == "shipped-base" else args.weights
+    try:
+        model, vocab, metadata = lm.load(path)
+    except ValueError as error:
+        raise UsageError(f"--weights: {error}") from None
+    dataset, pairs = _pairs(args)
+    devices = {device_of(dataset, d.strip()) for d in args.devices.split(",")} if args.devices else None
+    started = time.perf_counter()
+    with render.progress(transient=True) as display:
+        display.add_task("reading the best programs", total=None)
+        best = best_programs(dataset, Sketches(), pairs, args.top, devices)
+    encoded = [(lm.encode_example(p, d, vocab), ratio) for p, d, ratio in best]
+    examples = [e for e, _ in encoded if e is not None and len(e[0]) <= model.config.context]
+    if not examples:
+        raise UsageError(f"{args.dataset}: no measured program of a sketch TLM can write")
+    steps = args.steps or max(100, 10 * len(examples) // args.batch_size)  # TLM: 10 epochs
+    before = lm.mean_loss(model, examples)
+    settings = {"dataset": os.path.abspath(args.dataset), "exclude": args.exclude, "top": args.top,
+                "weights": os.path.abspath(path), "seed": args.seed}
+    loss = _train(model, examples, steps, args, lr=args.lr or 3e-4, schedule="constant", settings=settings)
+    info = {"stage": "finetuned", "base": metadata.get("trained_on", {}),
+            "trained_on": {**describe(pairs), "dataset": os.path.basename(args.dataset), "exclude": args.exclude,
+                           "programs": len(examples), "top": args.top, "steps": steps}}
+    lm.save(args.out, model, vocab, info)
+    _done(args.out)
+    _print(args, {"out": args.out, "programs": len(examples), "tasks": describe(pairs)["tasks"], "steps": steps,
+                  "loss_before": round(before, 4), "loss": round(lm.mean_loss(model, examples), 4),
+                  "train_loss": round(loss, 4), "elapsed_s": round(time.perf_counter() - started, 1)})
+    return 0
+
+
+def _train(model: Any, examples: list, steps: int, args: argparse.Namespace, lr: float, schedule: str,
+           settings: dict[str, Any]) -> float:
+    """Train with AdamW for ``steps``, resuming from and writing ``OUT.ckpt``."""
+    import torch
+
+    from tunecore_tlm_generator import model as lm
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    factor = (lambda s: lm.warmup_cosine(s, steps)) if schedule == "cosine" else (lambda s: 1.0)
+    checkpoint = args.out + ".ckpt"
+    done = 0
+    settings = {**settings, "steps": steps, "batch_size": args.batch_size, "lr": lr}
+    if os.path.exists(checkpoint):
+        state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+        if json.loads(state["settings"]) == settings:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            done = int(state["step"])
+    rng = np.random.default_rng(args.seed + done)
+    loss = float("nan")
+    with render.progress(transient=args.json) as display:
+        bar = display.add_task("training", total=steps, completed=done)
+        while done < steps:
+            chunk = min(_CHECKPOINT_EVERY, steps - done)
+
+            def on_step(step: int, value: float, base: int = done) -> None:
+                for group in optimizer.param_groups:
+                    group["lr"] = lr * factor(base + step)
+                display.update(bar, completed=base + step, description=f"training (loss {value:.3f})")
+
+            loss = lm.train_steps(model, optimizer, examples, chunk, args.batch_size, rng, on_step)
+            done += chunk
+            torch.save({"settings": json.dumps(settings), "model": model.state_dict(),
+                        "optimizer": optimizer.state_dict(), "step": done}, checkpoint)
+    return loss
+
+
+def _encode_all(programs: list, vocab: Any) -> list:
+    from tunecore_tlm_generator import model as lm
+
+    cache: dict[int, list[int]] = {}
+    out = []
+    for prompt, decisions in programs:
+        ids = cache.setdefault(id(prompt), vocab.encode(prompt.words))
+        example = lm.encode_example(prompt, decisions, vocab, ids)
+        if example is not None:
+            out.append(example)
+    return out
+
+
+def _save_corpus(path: str, settings: dict[str, Any], corpus: dict[str, Any]) -> None:
+    ids = np.concatenate([np.asarray(i, dtype=np.int32) for i, _ in corpus["examples"]])
+    counted = np.concatenate([np.asarray(c, dtype=bool) for _, c in corpus["examples"]])
+    lengths = np.asarray([len(i) for i, _ in corpus["examples"]], dtype=np.int32)
+    header = json.dumps({"settings": settings, "vocabulary": corpus["vocabulary"]})
+    np.savez(path, header=np.asarray(header), ids=ids, counted=counted, lengths=lengths)
+
+
+def _load_corpus(path: str, settings: dict[str, Any]) -> dict[str, Any] | None:
+    if not os.path.exists(path):
+        return None
+    with np.load(path, allow_pickle=False) as blob:
+        header = json.loads(str(blob["header"]))
+        if header["settings"] != settings:
+            return None
+        ends = np.cumsum(blob["lengths"])
+        ids, counted = np.split(blob["ids"], ends[:-1]), np.split(blob["counted"], ends[:-1])
+    return {"vocabulary": header["vocabulary"],
+            "examples": [(i.tolist(), c.tolist()) for i, c in zip(ids, counted)]}
+
+
+def _done(out: str) -> None:
+    for leftover in (out + ".ckpt", out + ".corpus.npz"):
+        if os.path.exists(leftover):
+            os.remove(leftover)
+
+
+def _print(args: argparse.Namespace, out: dict[str, Any]) -> None:
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return
+    for key, value in out.items():
+        print(f"{key}: {render.cell(value)}")

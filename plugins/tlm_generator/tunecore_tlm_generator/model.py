@@ -1,0 +1,295 @@
+"""The language model: a small GPT (pre-norm decoder, learned positions, tied embeddings) with a KV cache,
+its weights file, teacher-forced training on completion tokens, and constrained sampling.
+
+Why our own ~80 lines rather than Hugging Face's GPT2LMHeadModel: the model is tiny (4 layers, width
+128, ~1M parameters, so a few thousand tokens a second train on 2 CPU cores), decoding needs a
+different mask on every step for every sample, and `transformers` would add a large dependency whose
+cache API changes between releases for what ``scaled_dot_product_attention`` already does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Any, Callable, Generator, Iterable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from tunecore_tlm_generator.sentences import BOS, EOS, PAD, SEP, SketchPrompt, Vocabulary
+
+FORMAT = "tunecore-tlm"
+FORMAT_VERSION = 1
+
+
+@dataclasses.dataclass
+class Config:
+    vocab_size: int
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    context: int = 384  # tokens: prompt and completion together
+
+
+class Block(nn.Module):
+    def __init__(self, config: Config):
+        super().__init__()
+        self.n_head = config.n_head
+        self.ln1, self.ln2 = nn.LayerNorm(config.n_embd), nn.LayerNorm(config.n_embd)
+        self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd)
+        self.proj = nn.Linear(config.n_embd, config.n_embd)
+        self.mlp = nn.Sequential(nn.Linear(config.n_embd, 4 * config.n_embd), nn.GELU(),
+                                 nn.Linear(4 * config.n_embd, config.n_embd))
+
+    def forward(self, x: torch.Tensor, cache: tuple | None = None) -> tuple[torch.Tensor, tuple]:
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
+        if cache is not None:
+            k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
+        # with a cache, the new tokens see all cached ones; a whole sequence sees its past only
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=cache is None and t > 1)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
+        return x + self.mlp(self.ln2(x)), (k, v)
+
+
+class GPT(nn.Module):
+    def __init__(self, config: Config):
+        super().__init__()
+        self.config = config
+        self.tok = nn.Embedding(config.vocab_size, config.n_embd)
+        self.pos = nn.Embedding(config.context, config.n_embd)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.ln = nn.LayerNorm(config.n_embd)
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def forward(self, ids: torch.Tensor, caches: list | None = None, start: int = 0) -> tuple[torch.Tensor, list]:
+        positions = torch.arange(start, start + ids.shape[1])
+        x = self.tok(ids) + self.pos(positions)
+        new = []
+        for i, block in enumerate(self.blocks):
+            x, cache = block(x, None if caches is None else caches[i])
+            new.append(cache)
+        return self.ln(x) @ self.tok.weight.T, new
+
+
+# Sentences as tensors
+
+
+def completion_steps(prompt: SketchPrompt, vocab: Vocabulary) -> Generator[tuple[list[int], int], int, list[Any]]:
+    """The completion as a machine: yields (the token ids allowed next, the slot they belong to), is sent the
+    chosen id, returns the decisions.
+
+    A single allowed id is a forced token (a slot's restatement, EOS). Every path through it is a legal
+    decision for every slot: tile factors that divide what is left of the loop with the innermost
+    within its limit, a categorical's candidates, a compute location's loop indices.
+    """
+    decisions = []
+    for i, slot in enumerate(prompt.slots):
+        for forced in vocab.encode(slot.forced_words()):
+            yield [forced], i
+        values: list[int] = []
+        for _ in range(slot.numbers):
+            first, second = vocab.number_steps(slot.choices(values))
+            token = yield first, i
+            ids = [token, (yield second[token], i)] if token in second else [token]
+            values.append(vocab.decode_numbers(ids)[0])
+        decisions.append(slot.to_decision(values))
+    yield [EOS], len(prompt.slots)
+    return decisions
+
+
+def encode_example(prompt: SketchPrompt, decisions: Sequence[Any], vocab: Vocabulary,
+                   prompt_ids: list[int] | None = None) -> tuple[list[int], list[bool]] | None:
+    """Token ids of prompt + completion and which of them the loss counts (the decisions); None if a
+    decision is not one the decoder could write."""
+    ids = [BOS, *(prompt_ids if prompt_ids is not None else vocab.encode(prompt.words)), SEP]
+    counted = [False] * len(ids)
+    target = vocab.encode(prompt.completion_words(decisions)) + [EOS]
+    steps = completion_steps(prompt, vocab)
+    allowed, _ = next(steps)
+    for token in target:
+        if token not in allowed:
+            return None
+        ids.append(token)
+        counted.append(len(allowed) > 1)
+        try:
+            allowed, _ = steps.send(token)
+        except StopIteration:
+            break
+    return ids, counted
+
+
+def batches(examples: Sequence[tuple[list[int], list[bool]]], batch_size: int, rng: np.random.Generator,
+            weights: Sequence[float] | None = None) -> Iterable[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """One pass over the examples in random order, as padded (inputs, next tokens, loss weights)."""
+    order = rng.permutation(len(examples))
+    for start in range(0, len(order), batch_size):
+        chunk = [examples[i] for i in order[start:start + batch_size]]
+        width = max(len(ids) for ids, _ in chunk) - 1
+        x = torch.full((len(chunk), width), PAD, dtype=torch.long)
+        y = torch.full((len(chunk), width), PAD, dtype=torch.long)
+        w = torch.zeros((len(chunk), width))
+        for row, (ids, counted) in enumerate(chunk):
+            n = len(ids) - 1
+            x[row, :n] = torch.tensor(ids[:-1])
+            y[row, :n] = torch.tensor(ids[1:])
+            w[row, :n] = torch.tensor(counted[1:], dtype=torch.float32)
+            if weights is not None:
+                w[row] *= float(weights[order[start + row]])
+        yield x, y, w
+
+
+def loss_of(model: GPT, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    logits, _ = model(x)
+    per_token = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none")
+    return (per_token * w.reshape(-1)).sum() / w.sum().clamp(min=1e-9)
+
+
+def train_steps(model: GPT, optimizer: torch.optim.Optimizer, examples: Sequence[tuple[list[int], list[bool]]],
+                steps: int, batch_size: int, rng: np.random.Generator,
+                on_step: Callable[[int, float], None] | None = None, weights: Sequence[float] | None = None) -> float:
+    """``steps`` optimizer steps over the examples (as many passes as that takes); the last loss."""
+    model.train()
+    done, loss_value = 0, float("nan")
+    while done < steps and examples:
+        for x, y, w in batches(examples, batch_size, rng, weights):
+            loss = loss_of(model, x, y, w)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            loss_value = float(loss.detach())
+            done += 1
+            if on_step:
+                on_step(done, loss_value)
+            if done >= steps:
+                break
+    model.eval()
+    return loss_value
+
+
+@torch.no_grad()
+def mean_loss(model: GPT, examples: Sequence[tuple[list[int], list[bool]]], batch_size: int = 64) -> float:
+    """Loss per counted token over the examples (teacher-forced), for reports."""
+    model.eval()
+    total, count = 0.0, 0.0
+    for x, y, w in batches(examples, batch_size, np.random.default_rng(0)):
+        logits, _ = model(x)
+        per_token = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none")
+        total += float((per_token * w.reshape(-1)).sum())
+        count += float(w.sum())
+    return total / max(count, 1e-9)
+
+
+@dataclasses.dataclass
+class Sample:
+    """Decisions the model wrote, and for each compute location it chose, the other values it allowed, most
+    probable first: which location gives a valid program depends on the loops the other decisions made,
+    which only TVM knows (see ``sketches.realize``)."""
+
+    decisions: list[Any]
+    locations: dict[int, list[int]]
+
+
+@torch.no_grad()
+def generate(model: GPT, vocab: Vocabulary, prompt: SketchPrompt, count: int, temperature: float,
+             generator: torch.Generator) -> list[Sample]:
+    """``count`` samples for one sketch, written token by token with every illegal token masked."""
+    model.eval()
+    prompt_ids = [BOS, *vocab.encode(prompt.words), SEP]
+    logits, caches = model(torch.tensor([prompt_ids]))
+    caches = [(k.expand(count, -1, -1, -1), v.expand(count, -1, -1, -1)) for k, v in caches]
+    last = logits[:, -1, :].expand(count, -1)
+    machines = [completion_steps(prompt, vocab) for _ in range(count)]
+    steps: list[tuple[list[int], int] | None] = [next(m) for m in machines]
+    locations: list[dict[int, list[int]]] = [{} for _ in range(count)]
+    results: list[list[Any] | None] = [None] * count
+    position = len(prompt_ids)
+    while any(step is not None for step in steps):
+        if position >= model.config.context:
+            raise ValueError(f"a completion is longer than the model's context ({model.config.context} tokens)")
+        mask = torch.full((count, len(vocab)), float("-inf"))
+        for i, step in enumerate(steps):
+            mask[i, step[0] if step is not None else [PAD]] = 0.0
+        probs = torch.softmax(last / max(temperature, 1e-6) + mask, dim=-1)
+        chosen = torch.multinomial(probs, 1, generator=generator).squeeze(1).tolist()
+        for i, machine in enumerate(machines):
+            step = steps[i]
+            if step is None:
+                continue
+            allowed, slot = step
+            if len(allowed) > 1 and slot < len(prompt.slots) and prompt.slots[slot].kind == "SampleComputeLocation":
+                ranked = sorted(allowed, key=lambda t: -float(probs[i, t]))
+                locations[i][slot] = vocab.decode_numbers([t for t in ranked if t != chosen[i]])
+            try:
+                steps[i] = machine.send(chosen[i])
+            except StopIteration as done:
+                results[i], steps[i] = done.value, None
+        logits, caches = model(torch.tensor(chosen).unsqueeze(1), caches, start=position)
+        last = logits[:, -1, :]
+        position += 1
+    return [Sample(r, loc) for r, loc in zip(results, locations) if r is not None]
+
+
+# The weights file
+
+
+def save(path: str, model: GPT, vocab: Vocabulary, info: dict[str, Any]) -> None:
+    """Half-precision weights and JSON metadata; loads with ``torch.load(weights_only=True)``."""
+    metadata = {"format": FORMAT, "version": FORMAT_VERSION, "config": dataclasses.asdict(model.config),
+                "vocabulary": vocab.words, "fingerprint": vocab.fingerprint(), **info}
+    state = {k: v.detach().to(torch.float16) for k, v in model.state_dict().items()}
+    torch.save({"metadata": json.dumps(metadata), "state_dict": state}, path)
+
+
+def load(path: str) -> tuple[GPT, Vocabulary, dict[str, Any]]:
+    """A model written by ``save``; ValueError (one line) for anything else."""
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+        metadata = json.loads(blob["metadata"])
+    except Exception as error:  # not a file, not torch's format, not ours
+        raise ValueError(f"{path}: not TLM weights ({type(error).__name__})") from None
+    if metadata.get("format") != FORMAT or metadata.get("version") != FORMAT_VERSION:
+        raise ValueError(f"{path}: weights of format {metadata.get('format')} v{metadata.get('version')}, "
+                         f"this plugin reads {FORMAT} v{FORMAT_VERSION}")
+    vocab = Vocabulary(metadata["vocabulary"])
+    if vocab.fingerprint() != metadata.get("fingerprint"):
+        raise ValueError(f"{path}: weights for another vocabulary (its numbers or markers differ from this plugin's)")
+    config = Config(**metadata["config"])
+    if config.vocab_size != len(vocab):
+        raise ValueError(f"{path}: the model has {config.vocab_size} tokens, its vocabulary {len(vocab)}")
+    model = GPT(config)
+    try:
+        model.load_state_dict({k: v.to(torch.float32) for k, v in blob["state_dict"].items()})
+    except RuntimeError as error:
+        raise ValueError(f"{path}: weights do not fit the model they describe ({str(error)[:120]})") from None
+    model.eval()
+    return model, vocab, metadata
+
+
+def new_model(vocab: Vocabulary, seed: int, **sizes: int) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(Config(vocab_size=len(vocab), **sizes))
+
+
+def parameters(model: GPT) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def warmup_cosine(step: int, total: int, warmup: int = 50) -> float:
+    """Learning-rate factor: linear warm-up, then cosine down to a tenth."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))

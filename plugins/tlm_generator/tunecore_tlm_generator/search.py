@@ -1,0 +1,225 @@
+"""The `tlm` search policy: a language model writes the decisions of each sketch; any cost model may rank them.
+
+Per round and task: the model samples decisions for sketches drawn uniformly (TLM samples prompts
+uniformly too), decoding under masks so every decision is legal; the programs are replayed and
+postprocessed, those measured before dropped, and up to five rounds of sampling fill the batch
+(TLM's retries). With ``--cost-model none`` the samples are measured as they come; with a cost model
+that learns, ``oversample`` times as many are generated and the best-scored measured.
+
+The model keeps learning during a run (``online``): after every ``online_every`` measurements it
+takes ``online_steps`` steps on the fastest programs of each task measured so far (TLM's fine-tuning
+on the best, done in place rather than restarting from the base model each round). A task none of
+whose sketches the sentences can write is searched at random, which its row of the run report says.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+import numpy as np
+
+from tunecore.errors import UsageError
+from tunecore.interfaces import (
+    Candidate,
+    MeasureResult,
+    SearchPolicy,
+    Task,
+    TaskContext,
+    check_options,
+    is_int,
+    is_number,
+)
+
+_WEIGHTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "weights")
+SHIPPED = os.path.join(_WEIGHTS, "tlm-cpu.pt")
+SHIPPED_BASE = os.path.join(_WEIGHTS, "tlm-base.pt")
+_RETRIES = 5
+_BEST_PER_TASK = 4  # measured programs per task that online fine-tuning learns from
+_MAX_MISSES = 64
+
+
+class _TaskState:
+    def __init__(self, context: TaskContext):
+        self.context = context
+        self.measured = set(context.measured)
+        self.prompts: list = []
+        self.fallback: str | None = None
+        self.made: dict[str, tuple[Any, list[Any]]] = {}  # program key -> (prompt, decisions) it came from
+        self.best: list[tuple[float, Any, list[Any]]] = []  # (latency, prompt, decisions), fastest first
+        self.generated = self.invalid = self.relocated = 0
+        self.postprocs = context.space.thread_postprocs()
+
+
+class TLMSearch(SearchPolicy):
+    name = "tlm"
+
+    def __init__(self, *, weights: str = "shipped", temperature: float = 1.0, oversample: int = 4,
+                 online: bool = True, online_every: int = 32, online_steps: int = 8, lr: float = 1e-4,
+                 batch_size: int = 16, threads: int | None = None, **kwargs: Any):
+        super().__init__(**kwargs)
+        check_options(
+            weights=(weights, isinstance(weights, str) and bool(weights), "'shipped', 'shipped-base' or a file"),
+            temperature=(temperature, is_number(temperature, 1e-3, 10), "between 0.001 and 10"),
+            oversample=(oversample, is_int(oversample, 1), "an integer >= 1"),
+            online=(online, isinstance(online, bool), "true or false"),
+            online_every=(online_every, is_int(online_every, 1), "an integer >= 1"),
+            online_steps=(online_steps, is_int(online_steps, 0), "an integer >= 0"),
+            lr=(lr, is_number(lr, 1e-9), "a positive number"),
+            batch_size=(batch_size, is_int(batch_size, 1), "an integer >= 1"),
+            threads=(threads, threads is None or is_int(threads, 1), "an integer >= 1"),
+        )
+        import torch
+
+        from tunecore.targets import physical_cores
+        from tunecore_tlm_generator import model as lm
+
+        torch.set_num_threads(threads or physical_cores())
+        path = {"shipped": SHIPPED, "shipped-base": SHIPPED_BASE}.get(weights, weights)
+        try:
+            self.model, self.vocab, self.metadata = lm.load(path)
+        except ValueError as error:
+            raise UsageError(f"search 'tlm': {error}") from None
+        self.temperature, self.oversample = temperature, oversample
+        self.online, self.online_every, self.online_steps = online, online_every, online_steps
+        self.lr, self.batch_size = lr, batch_size
+        self.optimizer = None
+        self.generator = torch.Generator().manual_seed(self.seed)
+        self.rng = np.random.default_rng(self.seed)
+        self.tasks: dict[str, _TaskState] = {}
+        self.unlearned = 0  # measurements since the model last learned
+        self.online_updates = 0
+
+    def start_task(self, context: TaskContext) -> None:
+        from tunecore_tlm_generator.sentences import Unexpressible
+        from tunecore_tlm_generator.sketches import probe, trace_decisions
+
+        state = self.tasks[context.task.task_id] = _TaskState(context)
+        reasons = []
+        for i in range(len(context.space.sketches)):
+            try:
+                prompt = probe(context.space, i)
+            except Unexpressible as error:
+                reasons.append(str(error))
+                continue
+            if len(self.vocab.encode(prompt.words)) + 64 > self.model.config.context:
+                reasons.append(f"sketch {i}'s prompt is longer than the model's context")
+                continue
+            state.prompts.append(prompt)
+        if not any(p.slots for p in state.prompts):
+            state.fallback = reasons[0] if reasons else "no decisions to make"
+            return
+        for record in context.history:
+            if record.latency is None:
+                continue
+            for prompt in state.prompts:
+                decisions = trace_decisions(record.trace_json, prompt)
+                if decisions is not None:
+                    state.best.append((record.latency, prompt, decisions))
+                    break
+        state.best = sorted(state.best, key=lambda b: b[0])[:_BEST_PER_TASK]
+
+    def propose(self, task: Task, n: int) -> list[Candidate]:
+        state = self.tasks[task.task_id]
+        if state.fallback is not None:
+            return self._random(state, task, n)
+        want = n * self.oversample if self.cost_model.name != "none" else n
+        found: dict[str, Candidate] = {}
+        for _ in range(_RETRIES):
+            self._generate(state, task, want - len(found), found)
+            if len(found) >= want:
+                break
+        candidates = list(found.values())
+        if len(candidates) > n:
+            scores = np.asarray(self.cost_model.predict(task, candidates), dtype=np.float64)
+            candidates = [candidates[i] for i in np.argsort(-scores, kind="stable")[:n]]
+        return candidates
+
+    def _generate(self, state: _TaskState, task: Task, count: int, found: dict[str, Candidate]) -> None:
+        from tunecore_tlm_generator import model as lm
+        from tunecore_tlm_generator.sketches import realize
+
+        per_prompt = np.bincount(self.rng.integers(len(state.prompts), size=count), minlength=len(state.prompts))
+        for prompt, k in zip(state.prompts, per_prompt):
+            if k == 0:
+                continue
+            for sample in lm.generate(self.model, self.vocab, prompt, int(k), self.temperature, self.generator):
+                state.generated += 1
+                sch, relocated = realize(state.context.space, prompt, sample,
+                                         seed=int(self.rng.integers(1, 2**31 - 1)), postprocs=state.postprocs)
+                state.relocated += relocated
+                if sch is None:
+                    state.invalid += 1
+                    continue
+                candidate = Candidate.from_schedule(task, sch, origin=self.name)
+                if candidate.key in state.measured or candidate.key in found:
+                    continue
+                found[candidate.key] = candidate
+                state.made[candidate.key] = (prompt, _decisions_of(sch, prompt, sample.decisions))
+
+    def _random(self, state: _TaskState, task: Task, n: int) -> list[Candidate]:
+        out: list[Candidate] = []
+        misses = 0
+        while len(out) < n and misses < _MAX_MISSES:
+            sch = state.context.space.sample()
+            candidate = Candidate.from_schedule(task, sch, origin=f"{self.name}:random") if sch is not None else None
+            if candidate is None or candidate.key in state.measured or candidate.key in {c.key for c in out}:
+                misses += 1
+                continue
+            misses = 0
+            out.append(candidate)
+        return out
+
+    def observe(self, task: Task, candidates: Sequence[Candidate], results: Sequence[MeasureResult]) -> None:
+        state = self.tasks[task.task_id]
+        for candidate, result in zip(candidates, results):
+            state.measured.add(candidate.key)
+            made = state.made.pop(candidate.key, None)
+            if result.latency is not None and made is not None:
+                state.best.append((result.latency, *made))
+        state.best = sorted(state.best, key=lambda b: b[0])[:_BEST_PER_TASK]
+        self.unlearned += len(results)
+        if self.online and self.online_steps and self.unlearned >= self.online_every:
+            self._learn()
+            self.unlearned = 0
+
+    def _learn(self) -> None:
+        """A few steps on the fastest programs of every task so far, the fastest weighted most."""
+        import torch
+
+        from tunecore_tlm_generator import model as lm
+
+        examples, weights = [], []
+        for state in self.tasks.values():
+            if not state.best:
+                continue
+            fastest = state.best[0][0]
+            for latency, prompt, decisions in state.best:
+                example = lm.encode_example(prompt, decisions, self.vocab)
+                if example is not None:
+                    examples.append(example)
+                    weights.append(fastest / latency)
+        if not examples:
+            return
+        if self.optimizer is None:
+            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.lr, weight_decay=0.0)
+        lm.train_steps(self.model, self.optimizer, examples, self.online_steps, self.batch_size, self.rng,
+                       weights=weights)
+        self.online_updates += 1
+
+    def task_report(self, task: Task) -> dict[str, Any]:
+        state = self.tasks.get(task.task_id)
+        if state is None:
+            return {}
+        if state.fallback is not None:
+            return {"tlm": f"random ({state.fallback})"}
+        return {"tlm": f"{len(state.prompts)} sketches", "generated": state.generated, "invalid": state.invalid,
+                "relocated": state.relocated}
+
+
+def _decisions_of(sch: Any, prompt: Any, written: list[Any]) -> list[Any]:
+    """The decisions the program was made with (a relocated compute location differs from what was written)."""
+    from tunecore.tvmjson import to_plain
+    from tunecore_tlm_generator.sentences import decisions_in
+
+    return decisions_in(to_plain(sch.trace.as_json(remove_postproc=True)), prompt) or written
