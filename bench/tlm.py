@@ -1,0 +1,216 @@
+"""TLM's evaluation on networks held out of its training: top-k programs per task, and trials to reach Ansor.
+
+The shipped weights were trained without any kernel of resnet-18, mobilenet-v2 or bert-tiny
+(`tunecore tlm pretrain/finetune --exclude ...`). Per network, on this machine's default target:
+
+1. `ansor` + `xgb`, `--ansor-trials` (1,000) trials: the baseline, its store gives its progress per trial.
+2. TLM's top-k (the paper's Table): the first k = 1, 10, 32 programs the model writes per task, no online
+   learning, `--cost-model none`, one round of 32 per task (`--scheduler round-robin --round-size 32`);
+   the end-to-end estimate (sum over tasks of weight x best) with the best of the first k per task.
+3. `tlm` + `none` with online fine-tuning, `--tlm-trials` trials: its estimate after each trial, and the
+   first trial (and wall time) at which it reaches Ansor's estimate after all its trials.
+
+Estimates in 2 and 3 compare latencies measured in different runs; the machine drifts between them, so
+the best program per task of each (Ansor after all its trials, TLM's best of 32, TLM's run) is also
+re-measured together, in random order over several passes, and those estimates are the headline.
+
+    python bench/tlm.py [--networks resnet-18,mobilenet-v2,bert-tiny] [--ansor-trials 1000] [--tlm-trials 300]
+
+Runs are cached in bench/results/tlm-work/ (delete it to start over); results in bench/results/tlm.{json,md}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import numpy as np
+
+from tunecore import experiments
+from tunecore.experiments import cached_run, command_line, environment, environment_line, run_tunecore, write_results
+
+K = (1, 10, 32)
+
+
+def store_progress(store_file: str, model: str) -> dict:
+    """Per task: weight and records in trial order; the estimate after each trial of the run."""
+    from tunecore.store.sqlite import SqliteStore
+
+    store = SqliteStore(store_file)
+    try:
+        tasks = store.get_tasks(model)
+        records = {t.task_id: sorted(store.records(t.task_id), key=lambda r: (r.trial, r.measured_at)) for t in tasks}
+    finally:
+        store.close()
+    flat = sorted((r.trial, r.measured_at, t.task_id, r.latency) for t in tasks for r in records[t.task_id])
+    best = {t.task_id: float("inf") for t in tasks}
+    weights = {t.task_id: t.weight for t in tasks}
+    start = flat[0][1] if flat else 0.0
+    curve = []  # (trials, seconds since the first record, estimate in ms or None)
+    for i, (_, at, task_id, latency) in enumerate(flat):
+        if latency is not None:
+            best[task_id] = min(best[task_id], latency)
+        ready = all(np.isfinite(v) for v in best.values())
+        curve.append((i + 1, at - start, 1e3 * sum(weights[t] * best[t] for t in best) if ready else None))
+    return {"tasks": tasks, "records": records, "curve": curve}
+
+
+def top_k_estimates(progress: dict) -> dict:
+    out = {}
+    for k in K:
+        total = 0.0
+        for task in progress["tasks"]:
+            ok = [r.latency for r in progress["records"][task.task_id][:k] if r.latency is not None]
+            if not ok:
+                return {**out, f"top-{k}": None}
+            total += task.weight * min(ok)
+        out[f"top-{k}"] = 1e3 * total
+    return out
+
+
+def first_reaching(curve: list, goal: float) -> tuple[int, float] | None:
+    for trials, seconds, estimate in curve:
+        if estimate is not None and estimate <= goal:
+            return trials, seconds
+    return None
+
+
+def remeasured(model: str, stores: dict[str, str]) -> dict[str, float]:
+    """End-to-end estimates (ms) from each store's best program per task, all measured together."""
+    from tunecore.store.sqlite import SqliteStore
+
+    opened = {name: SqliteStore(path) for name, path in stores.items()}
+    try:
+        tasks = opened[next(iter(opened))].get_tasks(model)
+        totals = {name: 0.0 for name in stores}
+        for task in tasks:
+            groups = {}
+            for name, store in opened.items():
+                best = store.best(task.task_id, 1)
+                groups[name] = [best[0].candidate(task)] if best else []
+            latencies = experiments.remeasure_together(task, groups, passes=4)
+            for name in stores:
+                totals[name] += task.weight * (latencies[name][0] if latencies[name] else float("inf"))
+    finally:
+        for store in opened.values():
+            store.close()
+    return {name: 1e3 * total for name, total in totals.items()}
+
+
+def main() -> None:
+    parser = experiments.script_parser(__doc__, __file__)
+    parser.add_argument("--networks", default="resnet-18,mobilenet-v2,bert-tiny")
+    parser.add_argument("--ansor-trials", type=int, default=1000)
+    parser.add_argument("--tlm-trials", type=int, default=300)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    work = os.path.join(args.out, "tlm-work")
+    os.makedirs(work, exist_ok=True)
+    done = os.path.join(work, "runs.json")
+    report = {"command": command_line("tlm.py"), "environment": environment(), "ansor_trials": args.ansor_trials,
+              "tlm_trials": args.tlm_trials, "networks": {}}
+    from tunecore_tlm_generator.model import load
+    from tunecore_tlm_generator.search import SHIPPED
+
+    report["weights"] = load(SHIPPED)[2].get("trained_on")
+    for network in args.networks.split(","):
+        model = f"zoo:{network}"
+        stores = {name: os.path.join(work, f"{network}-{name}.db") for name in ("ansor", "tlm-topk", "tlm")}
+        runs = {
+            "ansor": cached_run(done, f"{network}/ansor", lambda: run_tunecore(
+                model, args.ansor_trials, args.seed, search="ansor", cost_model="xgb",
+                store=f"sqlite:{stores['ansor']}")),
+            "tlm-topk": cached_run(done, f"{network}/tlm-topk", lambda: run_tunecore(
+                model, 32 * _task_count(model), args.seed, search="tlm", cost_model="none",
+                store=f"sqlite:{stores['tlm-topk']}",
+                extra_args=["-O", "search.online=false", "--scheduler", "round-robin", "--round-size", "32"])),
+            "tlm": cached_run(done, f"{network}/tlm", lambda: run_tunecore(
+                model, args.tlm_trials, args.seed, search="tlm", cost_model="none", store=f"sqlite:{stores['tlm']}")),
+        }
+        progress = {name: store_progress(path, model) for name, path in stores.items()}
+        ansor_final = progress["ansor"]["curve"][-1][2]
+        reach = first_reaching(progress["tlm"]["curve"], ansor_final)
+        ansor_reach = first_reaching(progress["ansor"]["curve"], ansor_final)
+        started = time.perf_counter()
+        together = cached_run(done, f"{network}/remeasured", lambda: remeasured(model, stores))
+        row = {
+            "tasks": len(progress["ansor"]["tasks"]),
+            "ansor_estimate_ms": ansor_final, "ansor_wall_s": runs["ansor"]["wall_s"],
+            "ansor_trials_to_its_final": ansor_reach[0] if ansor_reach else None,
+            "topk_estimate_ms": top_k_estimates(progress["tlm-topk"]),
+            "tlm_estimate_ms": progress["tlm"]["curve"][-1][2], "tlm_wall_s": runs["tlm"]["wall_s"],
+            "tlm_trials_to_ansor": reach[0] if reach else None,
+            "tlm_seconds_to_ansor": round(reach[1], 1) if reach else None,
+            "remeasured_ms": together, "remeasure_s": round(time.perf_counter() - started, 1),
+            "written": {name: _written(runs[name]["tasks"]) for name in ("tlm-topk", "tlm")},
+        }
+        report["networks"][network] = row
+    write_results(args.out, "tlm", report, markdown(report))
+
+
+def _written(tasks: list) -> dict:
+    """What the model wrote for the tasks it could write: programs, invalid ones, those whose compute location
+    moved, and how many distinct new programs were measured (a task's programs are all distinct)."""
+    written = [t for t in tasks if str(t["search_report"].get("tlm", "")).endswith("sketches")]
+    out = {key: sum(t["search_report"].get(key, 0) for t in written) for key in ("generated", "invalid", "relocated")}
+    out["measured"] = sum(t["trials"] for t in written)
+    out["distinct_share"] = round(out["measured"] / out["generated"], 3) if out["generated"] else None
+    return out
+
+
+def _task_count(model: str) -> int:
+    from tunecore.targets import resolve_target
+    from tunecore.workloads import extract_tasks, load_workload
+
+    return len(extract_tasks(load_workload(model), resolve_target("llvm")))
+
+
+def markdown(report: dict) -> str:
+    from tunecore.cli.render import cell
+
+    lines = ["# TLM on networks held out of its training", "",
+             environment_line(report), "", f"Weights trained on: `{json.dumps(report['weights'])}`", "",
+             "## Top-k: the first k programs the model writes per task (no online learning)", "",
+             "Share = Ansor's estimate / TLM's (above 100%: TLM's programs are faster). Estimates are sums of "
+             "weight x best latency over the network's tasks, as each run measured them.", "",
+             f"| network | tasks | ansor+xgb {report['ansor_trials']} trials (ms) | "
+             + " | ".join(f"top-{k} (ms) | share" for k in K) + " |",
+             "|---|---:|---:|" + "---:|---:|" * len(K)]
+    for network, row in report["networks"].items():
+        cells = []
+        for k in K:
+            value = row["topk_estimate_ms"].get(f"top-{k}")
+            cells += [cell(value), f"{100 * row['ansor_estimate_ms'] / value:.0f}%" if value else "-"]
+        lines.append(f"| {network} | {row['tasks']} | {cell(row['ansor_estimate_ms'])} | " + " | ".join(cells) + " |")
+    lines += ["", f"## Trials to reach Ansor's {report['ansor_trials']}-trial estimate "
+              f"(`tlm` with online fine-tuning, up to {report['tlm_trials']} trials)", "",
+              "| network | ansor: trials to its final estimate | ansor wall (s) | tlm: trials to reach it | "
+              "tlm seconds to reach it | tlm estimate after all its trials (ms) | trials ratio |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
+    for network, row in report["networks"].items():
+        ratio = (f"1/{row['ansor_trials_to_its_final'] / row['tlm_trials_to_ansor']:.1f}"
+                 if row["tlm_trials_to_ansor"] else f"not reached in {report['tlm_trials']}")
+        lines.append(f"| {network} | {row['ansor_trials_to_its_final']} | {cell(row['ansor_wall_s'])} | "
+                     f"{cell(row['tlm_trials_to_ansor'])} | {cell(row['tlm_seconds_to_ansor'])} | "
+                     f"{cell(row['tlm_estimate_ms'])} | {ratio} |")
+    lines += ["", "## The best programs of each, measured together (ms; 4 passes in random order)", "",
+              "| network | ansor+xgb | tlm top-32 | tlm run | tlm top-32 / ansor | tlm run / ansor |",
+              "|---|---:|---:|---:|---:|---:|"]
+    for network, row in report["networks"].items():
+        r = row["remeasured_ms"]
+        lines.append(f"| {network} | {cell(r['ansor'])} | {cell(r['tlm-topk'])} | {cell(r['tlm'])} | "
+                     f"{r['tlm-topk'] / r['ansor']:.2f} | {r['tlm'] / r['ansor']:.2f} |")
+    lines += ["", "## What the model wrote (tasks with decisions)", "",
+              "| network | run | programs written | invalid | compute location moved | measured (distinct, new) | "
+              "distinct share |", "|---|---|---:|---:|---:|---:|---:|"]
+    for network, row in report["networks"].items():
+        for name, w in row["written"].items():
+            lines.append(f"| {network} | {name} | {w['generated']} | {w['invalid']} | {w['relocated']} | "
+                         f"{w['measured']} | {cell(w['distinct_share'])} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
