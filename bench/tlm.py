@@ -21,7 +21,6 @@ Runs are cached in bench/results/tlm-work/ (delete it to start over); results in
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
@@ -146,7 +145,29 @@ def main() -> None:
             "written": {name: _written(runs[name]["tasks"]) for name in ("tlm-topk", "tlm")},
         }
         report["networks"][network] = row
+    report["sentences"] = cached_run(done, "sentences/resnet-50", lambda: sentence_lengths("zoo:resnet-50"))
     write_results(args.out, "tlm", report, markdown(report))
+
+
+def sentence_lengths(model: str) -> dict:
+    """Tokens of the prompt and of the completion of one random program per sketch of every task of ``model``."""
+    from tunecore_tlm_generator.sentences import Vocabulary
+    from tunecore_tlm_generator.sketches import probe, sampled_decisions
+
+    from tunecore.space import DesignSpace
+    from tunecore.targets import resolve_target
+    from tunecore.workloads import extract_tasks, load_workload
+
+    vocab, prompts, completions = Vocabulary(), [], []
+    for task in extract_tasks(load_workload(model), resolve_target("llvm")):
+        space = DesignSpace(task)
+        for i in range(len(space.sketches)):
+            prompt = probe(space, i)
+            if prompt.slots:
+                prompts.append(len(vocab.encode(prompt.words)) + 2)  # [BOS] .. [SEP]
+                completions.append(len(vocab.encode(prompt.completion_words(sampled_decisions(space, prompt, 1)))) + 1)
+    return {"sketches": len(prompts), "prompt": [min(prompts), float(np.median(prompts)), max(prompts)],
+            "completion": [min(completions), float(np.median(completions)), max(completions)]}
 
 
 def _written(tasks: list) -> dict:
@@ -157,6 +178,13 @@ def _written(tasks: list) -> dict:
     out["measured"] = sum(t["trials"] for t in written)
     out["distinct_share"] = round(out["measured"] / out["generated"], 3) if out["generated"] else None
     return out
+
+
+def _weights_line(trained_on: dict) -> str:
+    return (f"Shipped weights: pre-trained and fine-tuned ({trained_on['programs']} best programs, top "
+            f"{trained_on['top']} per task and device) on {trained_on['tasks']} tasks of "
+            f"{len(trained_on['workloads'])} workloads of `{trained_on['dataset']}`, targets "
+            f"{', '.join(trained_on['targets'])}; excluded: `{trained_on['exclude']}`.")
 
 
 def _task_count(model: str) -> int:
@@ -170,7 +198,7 @@ def markdown(report: dict) -> str:
     from tunecore.cli.render import cell
 
     lines = ["# TLM on networks held out of its training", "",
-             environment_line(report), "", f"Weights trained on: `{json.dumps(report['weights'])}`", "",
+             environment_line(report), "", _weights_line(report["weights"]), "",
              "## Top-k: the first k programs the model writes per task (no online learning)", "",
              "Share = Ansor's estimate / TLM's (above 100%: TLM's programs are faster). Estimates are sums of "
              "weight x best latency over the network's tasks, as each run measured them.", "",
@@ -208,7 +236,11 @@ def markdown(report: dict) -> str:
         for name, w in row["written"].items():
             lines.append(f"| {network} | {name} | {w['generated']} | {w['invalid']} | {w['relocated']} | "
                          f"{w['measured']} | {cell(w['distinct_share'])} |")
-    lines.append("")
+    if "sentences" in report:
+        n = report["sentences"]
+        lines += [f"Sentence lengths on resnet-50's tasks ({n['sketches']} sketches with decisions; min / median / max "
+                  f"tokens): prompt {' / '.join(map(cell, n['prompt']))}, completion "
+                  f"{' / '.join(map(cell, n['completion']))}.", ""]
     return "\n".join(lines)
 
 

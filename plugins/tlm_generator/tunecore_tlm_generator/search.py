@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from tunecore.builtin.random_search import RandomSearch
 from tunecore.errors import UsageError
 from tunecore.interfaces import (
     Candidate,
@@ -36,7 +37,6 @@ SHIPPED = os.path.join(_WEIGHTS, "tlm-cpu.pt")
 SHIPPED_BASE = os.path.join(_WEIGHTS, "tlm-base.pt")
 _RETRIES = 5
 _BEST_PER_TASK = 4  # measured programs per task that online fine-tuning learns from
-_MAX_MISSES = 64
 
 
 class _TaskState:
@@ -87,6 +87,7 @@ class TLMSearch(SearchPolicy):
         self.generator = torch.Generator().manual_seed(self.seed)
         self.rng = np.random.default_rng(self.seed)
         self.tasks: dict[str, _TaskState] = {}
+        self.random = RandomSearch(cost_model=self.cost_model, store=self.store, seed=self.seed)  # what it cannot write
         self.unlearned = 0  # measurements since the model last learned
         self.online_updates = 0
 
@@ -108,6 +109,7 @@ class TLMSearch(SearchPolicy):
             state.prompts.append(prompt)
         if not any(p.slots for p in state.prompts):
             state.fallback = reasons[0] if reasons else "no decisions to make"
+            self.random.start_task(context)
             return
         for record in context.history:
             if record.latency is None:
@@ -122,7 +124,7 @@ class TLMSearch(SearchPolicy):
     def propose(self, task: Task, n: int) -> list[Candidate]:
         state = self.tasks[task.task_id]
         if state.fallback is not None:
-            return self._random(state, task, n)
+            return self.random.propose(task, n)
         want = n * self.oversample if self.cost_model.name != "none" else n
         found: dict[str, Candidate] = {}
         for _ in range(_RETRIES):
@@ -156,19 +158,6 @@ class TLMSearch(SearchPolicy):
                     continue
                 found[candidate.key] = candidate
                 state.made[candidate.key] = (prompt, _decisions_of(sch, prompt, sample.decisions))
-
-    def _random(self, state: _TaskState, task: Task, n: int) -> list[Candidate]:
-        out: list[Candidate] = []
-        misses = 0
-        while len(out) < n and misses < _MAX_MISSES:
-            sch = state.context.space.sample()
-            candidate = Candidate.from_schedule(task, sch, origin=f"{self.name}:random") if sch is not None else None
-            if candidate is None or candidate.key in state.measured or candidate.key in {c.key for c in out}:
-                misses += 1
-                continue
-            misses = 0
-            out.append(candidate)
-        return out
 
     def observe(self, task: Task, candidates: Sequence[Candidate], results: Sequence[MeasureResult]) -> None:
         state = self.tasks[task.task_id]
