@@ -140,6 +140,7 @@ def main() -> None:
             "topk_estimate_ms": top_k_estimates(progress["tlm-topk"]),
             "tlm_estimate_ms": progress["tlm"]["curve"][-1][2], "tlm_wall_s": runs["tlm"]["wall_s"],
             "tlm_trials_to_ansor": reach[0] if reach else None,
+            "ansor_trials_to_tlm": _trials(first_reaching(progress["ansor"]["curve"], progress["tlm"]["curve"][-1][2])),
             "tlm_seconds_to_ansor": round(reach[1], 1) if reach else None,
             "remeasured_ms": together, "remeasure_s": round(time.perf_counter() - started, 1),
             "written": {name: _written(runs[name]["tasks"]) for name in ("tlm-topk", "tlm")},
@@ -180,6 +181,10 @@ def _written(tasks: list) -> dict:
     return out
 
 
+def _trials(reached: tuple[int, float] | None) -> int | None:
+    return reached[0] if reached else None
+
+
 def _weights_line(trained_on: dict) -> str:
     return (f"Shipped weights: pre-trained and fine-tuned ({trained_on['programs']} best programs, top "
             f"{trained_on['top']} per task and device) on {trained_on['tasks']} tasks of "
@@ -214,14 +219,15 @@ def markdown(report: dict) -> str:
     lines += ["", f"## Trials to reach Ansor's {report['ansor_trials']}-trial estimate "
               f"(`tlm` with online fine-tuning, up to {report['tlm_trials']} trials)", "",
               "| network | ansor: trials to its final estimate | ansor wall (s) | tlm: trials to reach it | "
-              "tlm seconds to reach it | tlm estimate after all its trials (ms) | trials ratio |",
-              "|---|---:|---:|---:|---:|---:|---:|"]
+              "tlm seconds to reach it | tlm estimate after all its trials (ms) | trials ratio | "
+              "ansor: trials to reach tlm's final estimate |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for network, row in report["networks"].items():
         ratio = (f"1/{row['ansor_trials_to_its_final'] / row['tlm_trials_to_ansor']:.1f}"
                  if row["tlm_trials_to_ansor"] else f"not reached in {report['tlm_trials']}")
         lines.append(f"| {network} | {row['ansor_trials_to_its_final']} | {cell(row['ansor_wall_s'])} | "
                      f"{cell(row['tlm_trials_to_ansor'])} | {cell(row['tlm_seconds_to_ansor'])} | "
-                     f"{cell(row['tlm_estimate_ms'])} | {ratio} |")
+                     f"{cell(row['tlm_estimate_ms'])} | {ratio} | {cell(row.get('ansor_trials_to_tlm'))} |")
     lines += ["", "## The best programs of each, measured together (ms; 4 passes in random order)", "",
               "| network | ansor+xgb | tlm top-32 | tlm run | tlm top-32 / ansor | tlm run / ansor |",
               "|---|---:|---:|---:|---:|---:|"]
@@ -238,7 +244,7 @@ def markdown(report: dict) -> str:
                          f"{w['measured']} | {cell(w['distinct_share'])} |")
     if "sentences" in report:
         n = report["sentences"]
-        lines += [f"Sentence lengths on resnet-50's tasks ({n['sketches']} sketches with decisions; min / median / max "
+        lines += ["", f"Sentence lengths on resnet-50's tasks ({n['sketches']} sketches with decisions; min / median / max "
                   f"tokens): prompt {' / '.join(map(cell, n['prompt']))}, completion "
                   f"{' / '.join(map(cell, n['completion']))}.", ""]
     return "\n".join(lines)
