@@ -244,8 +244,8 @@ def markdown(report: dict) -> str:
                          f"{w['measured']} | {cell(w['distinct_share'])} |")
     if "sentences" in report:
         n = report["sentences"]
-        lines += ["", f"Sentence lengths on resnet-50's tasks ({n['sketches']} sketches with decisions; min / median / max "
-                  f"tokens): prompt {' / '.join(map(cell, n['prompt']))}, completion "
+        lines += ["", f"Sentence lengths on resnet-50's tasks ({n['sketches']} sketches with decisions; "
+                  f"min / median / max tokens): prompt {' / '.join(map(cell, n['prompt']))}, completion "
                   f"{' / '.join(map(cell, n['completion']))}.", ""]
     return "\n".join(lines)
 
