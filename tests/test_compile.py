@@ -105,3 +105,15 @@ def test_a_network_gets_every_tasks_best_record_and_is_faster(tmp_path, target):
         assert sum(tvm_ffi.structural_equal(b, scheduled, map_free_vars=True) for b in bodies) == 1, task.name
         assert not any(tvm_ffi.structural_equal(b, task.mod["main"].body, map_free_vars=True)
                        for b in bodies), task.name
+
+
+def test_random_weights_are_scaled_by_fan_in_so_a_deep_network_stays_well_conditioned():
+    """Unscaled uniform(-1, 1) weights saturate mobilenet-v2's relu6 and make its outputs sums that cancel:
+    any correct schedule then differed from the untuned build by ~10%, and `compile` refused every tuned build."""
+    workload = load_workload("zoo:mobilenet-v2")
+    params = list(workload.mod["main"].params)
+    inputs = dict(zip((p.name for p in params), random_inputs(workload)))
+    assert np.abs(inputs["data"]).max() > 0.9  # the model's input is not a weight
+    weight = inputs["features.1.layers.1.conv.weight"]  # 16 x 32 x 1 x 1: fan-in 32
+    assert abs(float(weight.std()) - 1 / np.sqrt(32)) < 0.05
+    assert np.abs(inputs["features.0.bias"]).max() > 0.9  # biases stay as they were
