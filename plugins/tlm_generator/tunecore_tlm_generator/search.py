@@ -103,7 +103,9 @@ class TLMSearch(SearchPolicy):
             except Unexpressible as error:
                 reasons.append(str(error))
                 continue
-            if len(self.vocab.encode(prompt.words)) + 64 > self.model.config.context:
+            longest = 3 + len(self.vocab.encode(prompt.words)) + sum(  # [BOS] [SEP] .. [EOS]; a number is <= 2 tokens
+                len(self.vocab.encode(slot.forced_words())) + 2 * slot.numbers for slot in prompt.slots)
+            if longest > self.model.config.context:
                 reasons.append(f"sketch {i}'s prompt is longer than the model's context")
                 continue
             state.prompts.append(prompt)
