@@ -46,3 +46,14 @@ def cell(value: Any) -> str:
     if isinstance(value, dict):
         return ", ".join(f"{v} {k}" for k, v in value.items()) or "-"
     return str(value)
+
+
+def fields(out: dict[str, Any], as_json: bool) -> None:
+    """A command's result on stdout: JSON, or one ``key: value`` line per field."""
+    import json
+
+    if as_json:
+        print(json.dumps(out, indent=2))
+        return
+    for key, value in out.items():
+        print(f"{key}: {json.dumps(value) if isinstance(value, dict) else cell(value)}")

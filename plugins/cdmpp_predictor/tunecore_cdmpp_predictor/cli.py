@@ -84,7 +84,7 @@ def _train(args: argparse.Namespace) -> int:
         _features(model, test, "test features")
         out["test"] = {"programs": sum(len(g[1]) for g in test), **held_out_metrics(
             model, test, [parts.weights.get(t.workload_hash, 1) for t, *_ in test], args.seed)}
-    _print(args, out)
+    render.fields(out, args.json)
     return 0
 
 
@@ -126,10 +126,10 @@ def _adapt(args: argparse.Namespace) -> int:
     model.predictor.trained_on.setdefault("adapted", {})[measured["device_id"]] = {
         "tasks": [dataset.tasks[k].name for k in chosen], "programs": report["programs"]}
     model.save(args.out)
-    _print(args, {"out": args.out, "device_id": measured["device_id"], "device": measured["device"],
+    render.fields({"out": args.out, "device_id": measured["device_id"], "device": measured["device"],
                   "tasks": [dataset.tasks[k].name for k in chosen], "measured": measured["measured"],
                   "failed": measured["failed"], "programs": report["programs"], "loss": round(report["loss"], 4),
-                  "elapsed_s": round(time.perf_counter() - started, 1)})
+                  "elapsed_s": round(time.perf_counter() - started, 1)}, args.json)
     return 0
 
 
@@ -141,10 +141,3 @@ def _features(model: Any, groups: list, what: str) -> None:
             model.asts(task, candidates)
             display.advance(bar, len(candidates))
 
-
-def _print(args: argparse.Namespace, out: dict[str, Any]) -> None:
-    if args.json:
-        print(json.dumps(out, indent=2))
-        return
-    for key, value in out.items():
-        print(f"{key}: {render.cell(value) if not isinstance(value, dict) else json.dumps(value)}")

@@ -116,11 +116,11 @@ def _pretrain(args: argparse.Namespace) -> int:
                                                   "steps": steps}}
     lm.save(args.out, model, vocab, info)
     _done(args.out)
-    _print(args, {"out": args.out, "programs": len(examples), "tasks": describe(pairs)["tasks"],
+    render.fields({"out": args.out, "programs": len(examples), "tasks": describe(pairs)["tasks"],
                   "vocabulary": len(vocab), "parameters": lm.parameters(model), "steps": steps,
                   "tokens_per_program": round(float(np.mean([len(ids) for ids, _ in examples])), 1),
                   "held_out_loss_before": round(before, 4), "held_out_loss": round(after, 4),
-                  "train_loss": round(loss, 4), "elapsed_s": round(time.perf_counter() - started, 1)})
+                  "train_loss": round(loss, 4), "elapsed_s": round(time.perf_counter() - started, 1)}, args.json)
     return 0
 
 
@@ -159,9 +159,9 @@ def _finetune(args: argparse.Namespace) -> int:
                            "programs": len(examples), "top": args.top, "steps": steps}}
     lm.save(args.out, model, vocab, info)
     _done(args.out)
-    _print(args, {"out": args.out, "programs": len(examples), "tasks": describe(pairs)["tasks"], "steps": steps,
+    render.fields({"out": args.out, "programs": len(examples), "tasks": describe(pairs)["tasks"], "steps": steps,
                   "loss_before": round(before, 4), "loss": round(lm.mean_loss(model, examples), 4),
-                  "train_loss": round(loss, 4), "elapsed_s": round(time.perf_counter() - started, 1)})
+                  "train_loss": round(loss, 4), "elapsed_s": round(time.perf_counter() - started, 1)}, args.json)
     return 0
 
 
@@ -241,10 +241,3 @@ def _done(out: str) -> None:
         if os.path.exists(leftover):
             os.remove(leftover)
 
-
-def _print(args: argparse.Namespace, out: dict[str, Any]) -> None:
-    if args.json:
-        print(json.dumps(out, indent=2))
-        return
-    for key, value in out.items():
-        print(f"{key}: {render.cell(value)}")
