@@ -137,6 +137,7 @@ class TLMSearch(SearchPolicy):
         if len(candidates) > n:
             scores = np.asarray(self.cost_model.predict(task, candidates), dtype=np.float64)
             candidates = [candidates[i] for i in np.argsort(-scores, kind="stable")[:n]]
+        state.made = {c.key: state.made[c.key] for c in candidates}  # what the cost model passed over is forgotten
         return candidates
 
     def _generate(self, state: _TaskState, task: Task, count: int, found: dict[str, Candidate]) -> None:

@@ -51,8 +51,9 @@ def probe(space: Any, index: int) -> SketchPrompt:
     if sch is None:
         raise Unexpressible(f"sketch {index} does not replay: {reason}")
     sampled = [i for i, inst in enumerate(insts) if inst[0] in SAMPLING]
+    numbers = Vocabulary()
     for slot in slots:  # raises for a number the vocabulary cannot write
-        Vocabulary().encode(slot.forced_words())
+        numbers.encode(slot.forced_words())
     words = task_words(space.task) + ["SKETCH"] + skeleton_words(insts)
     return SketchPrompt(index, words, slots, sampled, len(insts), skeleton_id(insts))
 
