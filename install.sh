@@ -7,6 +7,17 @@ PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
+# System tools the ncu cost model's CPU profiler runs (valgrind, llvm-mca, objdump, a C compiler), when missing
+missing=()
+for pair in valgrind:valgrind llvm-mca:llvm objdump:binutils cc:gcc; do
+    command -v "${pair%%:*}" > /dev/null || missing+=("${pair##*:}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    sudo=$([ "$(id -u)" = 0 ] || echo sudo)
+    if ! { $sudo apt-get update -qq && $sudo apt-get install -y -qq "${missing[@]}"; } > /dev/null 2>&1; then
+        echo "warning: could not install ${missing[*]} (apt-get install ${missing[*]}); the cpu profiler needs them" >&2
+    fi
+fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 plugins=()
 for project in plugins/*/; do

@@ -92,8 +92,13 @@ def components(
             follower = _construct(registry, "search", c.then, cost_model=cost_model, store=store, seed=c.seed,
                                   **c.options.get(c.then, {}))
             opened[-1] = search = SearchChain(search, follower)  # closes both
-        measurer = _construct(registry, "measurer", c.measurer, target,
-                              **options_for(c.options, "measurer", c.measurer))
+        measurer_options = options_for(c.options, "measurer", c.measurer)
+        wanted = cost_model.profilers(target)
+        if wanted:  # the cost model learns from profiles: the measurer must take them
+            chosen = measurer_options.get("profilers", [])
+            chosen = [chosen] if isinstance(chosen, str) else list(chosen)
+            measurer_options["profilers"] = list(dict.fromkeys(chosen + list(wanted)))
+        measurer = _construct(registry, "measurer", c.measurer, target, **measurer_options)
         opened.append(measurer)
         yield search, cost_model, store, measurer
     finally:

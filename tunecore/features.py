@@ -71,3 +71,8 @@ class PerStoreFeatures:
             context = ms.TuneContext(mod=task.mod, target=task.target, num_threads=self.threads)
             self.contexts[task.task_id] = context
         return context
+
+
+def program_row(rows: np.ndarray) -> np.ndarray:
+    """One fixed-length row per program from its per-store rows: their sum and their maximum (2 x 164)."""
+    return np.concatenate([rows.sum(axis=0), rows.max(axis=0)])

@@ -121,6 +121,11 @@ class CostModel(Component):
     def predict(self, task: Task, candidates: Sequence[Candidate]) -> np.ndarray:
         """One float per candidate, higher = predicted faster. Only the order within a call matters."""
 
+    def profilers(self, target: tvm.target.Target) -> list[str]:
+        """Profilers whose metrics (``result.profile``) ``update`` learns from: a run adds them to its measurer's
+        ``profilers`` option. None by default."""
+        return []
+
     def predict_latency(self, task: Task, candidates: Sequence[Candidate]) -> np.ndarray:
         """Predicted seconds per candidate on ``self.device``; only for models with ``predicts_latency``."""
         raise NotImplementedError(f"cost model '{self.name}' ranks candidates but does not predict latency")

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tunecore.features import PerStoreFeatures
+from tunecore.features import PerStoreFeatures, program_row
 from tunecore.interfaces import Candidate, CostModel, MeasureResult, Task, check_options, is_int, is_number
 
 _FORMAT = "tunecore-xgb"
@@ -91,7 +91,7 @@ class XGBModel(CostModel):
         rows, labels, groups = self._labels()
         if self.objective == "rank":
             order = np.argsort(groups, kind="stable")
-            x = np.stack([_summary(rows[i]) for i in order])
+            x = np.stack([program_row(rows[i]) for i in order])
             dtrain = xgb.DMatrix(x, label=labels[order], qid=groups[order])
             return xgb.train({**self.params, "objective": "rank:pairwise"}, dtrain, num_boost_round=self.rounds)
         x = np.concatenate(rows)
@@ -121,7 +121,7 @@ class XGBModel(CostModel):
         if not valid:
             return scores
         if self.objective == "rank":
-            x = np.stack([_summary(rows[i]) for i in valid])
+            x = np.stack([program_row(rows[i]) for i in valid])
             scores[valid] = self.booster.predict(xgb.DMatrix(x))
         else:
             x = np.concatenate([rows[i] for i in valid])
@@ -150,7 +150,3 @@ class XGBModel(CostModel):
             self.booster = xgb.Booster()
             self.booster.load_model(bytearray(json.dumps(saved["booster"]).encode()))
 
-
-def _summary(rows: np.ndarray) -> np.ndarray:
-    """One fixed-length row per candidate for the ranking objective: sum and max over its stores."""
-    return np.concatenate([rows.sum(axis=0), rows.max(axis=0)])

@@ -1,0 +1,285 @@
+"""The ncu_costmodel plugin: ncu's CSV layouts (synthetic fixtures: no GPU here), the CPU profiler on real
+kernels (the harness agrees with TVM's runtime, counts are deterministic), missing tools, the dataset command,
+and `ncu` as the cost model of a run."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+from tunecore_ncu_costmodel import cpu, ncu_csv
+from tunecore_ncu_costmodel.model import NcuModel, is_feature_metric
+
+from tunecore.data import MeasureResult
+from tunecore.dataset.table import Dataset
+from tunecore.testing import CostModelConformance, sample_candidates, tiny_task
+from tunecore.testing.cli import assert_one_line_exit_2, cli_json, run_cli
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+SHIPPED = os.path.join(ROOT, "datasets", "cpu-programs.parquet")
+
+
+class TestNcuIsACostModel(CostModelConformance):
+    name = "ncu"
+
+
+def _fixture(name: str) -> str:
+    with open(os.path.join(HERE, "fixtures", name)) as f:
+        return f.read()
+
+
+# --- ncu CSV ---
+
+
+@pytest.mark.parametrize("layout", ["ncu_details.csv", "ncu_raw.csv"])
+def test_both_csv_layouts_give_kernels_keyed_by_id_in_base_units(layout):
+    kernels = ncu_csv.parse(_fixture(layout))
+    assert [(k.id, k.kernel) for k in kernels] == [("0", "default_function_kernel"), ("1", "default_function_kernel_1")]
+    first, second = kernels[0].metrics, kernels[1].metrics
+    assert first["dram__bytes_read.sum"] == pytest.approx(1024.5e3)  # "1,024.50" Kbyte
+    assert first["gpu__time_duration.sum"] == pytest.approx(12.58e-6)  # usecond
+    assert first["dram__bytes.sum.per_second"] == pytest.approx(81.44e9)  # Gbyte/second
+    assert first["launch__grid_size"] == 96
+    assert first["l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum"] == 1_215_000  # thousands separators
+    assert second["dram__bytes_read.sum"] == pytest.approx(2.5e6)
+    assert second["gpu__time_duration.sum"] == pytest.approx(1.25e-3)
+    assert "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum" not in second  # missing, not zero
+    assert "sass__inst_executed_shared_loads" not in second  # "n/a"
+
+
+def test_details_page_skips_rule_rows_and_the_programs_output():
+    kernels = ncu_csv.parse(_fixture("ncu_details.csv"))
+    assert "" not in kernels[0].metrics and "Duration" in kernels[0].metrics
+    assert "sass__inst_executed_shared_loads" not in kernels[0].metrics  # "n/a"
+
+
+def test_numbers_and_units():
+    assert ncu_csv.number("1,215,000.50") == 1215000.5
+    assert ncu_csv.number("1.215.000,50") == 1215000.5  # a locale with '.' for thousands
+    assert ncu_csv.number("1,024") == 1024 and ncu_csv.number("12,5") == 12.5
+    assert ncu_csv.number("n/a") is None and ncu_csv.number("") is None
+    assert ncu_csv.to_base(3.0, "msecond") == pytest.approx(3e-3)
+    assert ncu_csv.to_base(2.0, "Mbyte/second") == pytest.approx(2e6)
+    assert ncu_csv.to_base(2.0, "Kbyte/usecond") == pytest.approx(2e9)
+    assert ncu_csv.to_base(41.2, "%") == 41.2
+
+
+def test_one_candidate_sums_its_kernels_and_the_label_never_becomes_a_feature():
+    metrics = ncu_csv.candidate_metrics(ncu_csv.parse(_fixture("ncu_raw.csv")))
+    assert metrics["ncu.dram__bytes_read.sum"] == pytest.approx(1024.5e3 + 2.5e6)
+    assert metrics["ncu.launch__grid_size"] == 96 and metrics["ncu.kernels"] == 2
+    features = {k for k in metrics if is_feature_metric(k)}
+    assert "ncu.dram__bytes_read.sum" in features and "ncu.launch__grid_size" in features
+    assert not features & {"ncu.gpu__time_duration.sum", "ncu.dram__bytes.sum.per_second", "ncu.kernels"}
+
+
+def test_text_without_a_csv_header_is_refused():
+    with pytest.raises(ValueError, match="no ncu CSV header"):
+        ncu_csv.parse("==PROF== ERR_NVGPUCTRPERM: no permission to access the GPU performance counters\n")
+
+
+# --- the CPU profiler ---
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """A real program of a 64x64x64 matmul, built the way the local measurer builds it."""
+    import tvm
+
+    from tunecore.measure import worker
+
+    task = tiny_task("matmul-64")
+    candidate = sample_candidates(task, 1, seed=3)[0]
+    worker.init_worker(task.target_json)
+    path, _ = worker.build(tvm.ir.save_json(candidate.mod), task.target_json, str(tmp_path_factory.mktemp("ncu")))
+    return task, path
+
+
+def test_harness_computes_what_tvms_runtime_computes(built):
+    """Pins the kernel ABI of TVM 0.27 that the harness fills in (arguments, parallel launch, workspaces)."""
+    import subprocess
+
+    import tvm
+
+    task, path = built
+    specs = cpu.tensor_specs(task.args)
+    cores, _ = cpu.target_facts(task.target_json)
+    out = subprocess.run([cpu.harness(), path, "main", str(cores), "outputs", *specs], capture_output=True,
+                         check=True).stdout
+    arrays, offset = [], 0
+    for _, dtype, shape in task.args:
+        size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        arrays.append(np.frombuffer(out[offset:offset + size], dtype=dtype).reshape(shape))
+        offset += size
+    assert offset == len(out)
+    module = tvm.runtime.load_module(path)
+    inputs = [tvm.runtime.tensor(a.copy()) for a in arrays[:-1]] + [tvm.runtime.tensor(np.zeros_like(arrays[-1]))]
+    module["main"](*inputs)
+    np.testing.assert_allclose(arrays[-1], inputs[-1].numpy(), rtol=1e-5)
+    np.testing.assert_allclose(arrays[-1], arrays[0] @ arrays[1], rtol=1e-4)
+
+
+def test_cpu_profile_of_a_real_kernel_is_deterministic_and_plausible(built):
+    task, path = built
+    cores, mcpu = cpu.target_facts(task.target_json)
+    first = cpu.profile_library(path, task.args, threads=cores, mcpu=mcpu, latency=1e-5)
+    second = cpu.profile_library(path, task.args, threads=cores, mcpu=mcpu, latency=1e-5)
+    counts = [k for k in cpu.CALLGRIND_METRICS]
+    assert {k: first[k] for k in counts} == {k: second[k] for k in counts}
+    assert first["cpu.warm"] == 1.0 and first["cpu.profile_secs"] > 0
+    # one core's share of 2 x 64^3 FLOPs, vectorized 8 wide at most, with a load per FMA at most
+    share = task.flops / cores
+    assert share / 16 / 4 < first["cpu.instructions"] < 4 * share
+    assert 0 < first["cpu.loads"] < first["cpu.instructions"] * 2
+    assert first["cpu.l1_misses"] <= first["cpu.loads"] + first["cpu.stores"]
+    assert first["cpu.l2_misses"] <= first["cpu.l1_misses"] + first["cpu.icache_misses"]
+    assert first["mca.loop_cycles"] > 0 and first["mca.ipc"] > 0
+
+
+def test_hot_loop_is_the_innermost_loop_with_the_most_floating_point_work():
+    code = [(0x10, "mov", "%rax,%rbx"),
+            (0x14, "vaddps", "%ymm0,%ymm1,%ymm1"),  # outer loop 0x10..0x40
+            (0x18, "vfmadd231ps", "(%rax),%ymm2,%ymm3"),  # inner loop A 0x18..0x20: 16 FLOPs
+            (0x20, "jne", "18 <f+0x8>"),
+            (0x24, "vmulss", "%xmm0,%xmm1,%xmm1"),  # inner loop B 0x24..0x2c: 1 FLOP
+            (0x2c, "jne", "24 <f+0x14>"),
+            (0x40, "jne", "10 <f>")]
+    assert cpu.hot_loop(code) == [("vfmadd231ps", "(%rax),%ymm2,%ymm3"), ("jne", "18 <f+0x8>")]
+    assert cpu.hot_loop(code[:2]) is None
+    assert cpu.uses_avx512([(0, "vfmadd231ps", "%zmm0,%zmm1,%zmm2")])
+    assert not cpu.uses_avx512(code)
+
+
+def test_a_missing_tool_names_the_package_to_install(monkeypatch, tmp_path):
+    original = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda tool: None if tool == "valgrind" else original(tool))
+    from tunecore.errors import UsageError
+
+    with pytest.raises(UsageError, match="apt-get install valgrind"):
+        cpu.check_tools()
+    # the command, in a process whose PATH lacks valgrind
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("llvm-mca", "objdump", "cc"):
+        os.symlink(original(tool), bin_dir / tool)
+    result = run_cli("ncu", "profile", "--dataset", SHIPPED, "--limit", "1", env={"PATH": str(bin_dir)})
+    assert_one_line_exit_2(result, "valgrind", "apt-get install valgrind")
+
+
+# --- the dataset command ---
+
+
+@pytest.fixture(scope="module")
+def small_dataset(tmp_path_factory) -> str:
+    """6 programs of each of two bert-tiny tasks measured on this machine, as a dataset file."""
+    from tunecore.targets import device_descriptor, device_id, host_target
+
+    shipped = Dataset.load(SHIPPED)
+    here = device_id(device_descriptor(host_target()))
+    if here not in shipped.devices:
+        pytest.skip("the shipped dataset has no measurements of this machine's CPU")
+    part = Dataset()
+    part.add_device(shipped.devices[here])
+    keys = sorted(k for k, t in shipped.tasks.items()
+                  if "zoo:bert-tiny" in t.workloads and len(shipped.rows_of(k, here)) >= 16)[:2]
+    for key in keys:
+        part.add_task(shipped.tasks[key])
+        for row in [r for r in shipped.rows_of(key, here) if r.latency and r.latency < 5e-3][:6]:
+            row.profile = {}
+            part.add(row)
+    path = str(tmp_path_factory.mktemp("profile") / "small.parquet")
+    part.save(path)
+    return path
+
+
+def test_profile_command_adds_metrics_to_rows_and_resumes(small_dataset):
+    first = cli_json(run_cli("ncu", "profile", "--dataset", small_dataset, "--limit", "3", "--json"))
+    assert first["profiled"] + first["failed"] == 3 and first["rows_with_profile"] == 3
+    second = cli_json(run_cli("ncu", "profile", "--dataset", small_dataset, "--limit", "100", "--per-task", "4",
+                              "--json"))
+    assert second["rows_with_profile"] == 8  # 4 per task: the 3 before counted, none profiled twice
+    rows = [r for r in Dataset.load(small_dataset).rows if "cpu.instructions" in r.profile]
+    assert len(rows) >= 7 and all(r.profile["cpu.instructions"] > 0 and "mca.ipc" in r.profile for r in rows)
+
+
+def test_profile_command_refuses_bad_input(small_dataset, tmp_path):
+    assert_one_line_exit_2(run_cli("ncu", "profile", "--dataset", str(tmp_path / "none.parquet"), "--limit", "1"),
+                           "no such file")
+    assert_one_line_exit_2(run_cli("ncu", "profile", "--dataset", small_dataset, "--limit", "0"), "--limit")
+    assert_one_line_exit_2(run_cli("ncu", "profile", "--dataset", small_dataset, "--limit", "1",
+                                   "--workloads", "zoo:nope"), "zoo:nope")
+
+
+# --- the cost model ---
+
+
+def test_two_stages_learn_metrics_and_latency_from_profiled_programs():
+    """Stage A is trained on the profiled programs; stage B then predicts latency from stage A's predictions."""
+    from tunecore.testing.helpers import tiled_latency
+
+    task = tiny_task("matmul-64")
+    programs = sample_candidates(task, 192, seed=5)
+    model = NcuModel(min_profiles=8)
+    results = []
+    for i, c in enumerate(programs):
+        latency = tiled_latency(c)
+        # made-up counts that follow the latency, on every other program: what a profiler would add
+        profile = {"cpu.instructions": 1e6 * latency / 1e-5, "cpu.l1_misses": 2e4 * latency / 1e-5,
+                   "cpu.profile_secs": 1.0} if i % 8 else {}
+        results.append(MeasureResult(run_secs=[latency], profile=profile))
+    model.update(task, programs[:128], results[:128])
+    assert model.stage_b_metrics and set(model.stage_a) == {"cpu.instructions", "cpu.l1_misses"}
+    unseen = programs[128:]
+    predicted = model.predict_latency(task, unseen)
+    assert np.all(np.isfinite(predicted)) and np.all(predicted > 0)
+    truth = np.array([tiled_latency(c) for c in unseen])
+    assert np.corrcoef(np.log(predicted), np.log(truth))[0, 1] > 0.3
+
+
+def test_oracle_reads_the_metrics_of_the_programs_it_ranks(tmp_path):
+    task = tiny_task("matmul-64")
+    programs = sample_candidates(task, 40, seed=6)
+    rng = np.random.default_rng(0)
+    latencies = rng.uniform(1e-5, 1e-3, len(programs))
+    from tunecore.targets import device_descriptor
+
+    dataset = Dataset()
+    dataset.add_task(task)
+    device = dataset.add_device(device_descriptor(task.target))
+    from tunecore.dataset.table import Measurement
+
+    for c, latency in zip(programs, latencies):
+        dataset.add(Measurement(task.workload_hash, c.key, c.trace_json, device, task.target_json, [latency],
+                                profile={"cpu.instructions": 1e9 * latency, "cpu.profile_secs": 5.0}))
+    path = str(tmp_path / "oracle.parquet")
+    dataset.save(path)
+    model = NcuModel(oracle=path, min_profiles=4, min_data=4, rounds=50)
+    model.update(task, programs[:30], [MeasureResult(run_secs=[x]) for x in latencies[:30]])
+    order = np.argsort(-model.predict(task, programs[30:]))
+    assert list(order[:3]) == list(np.argsort(latencies[30:])[:3])  # the metric says it all
+
+
+def test_a_run_with_ncu_profiles_candidates_and_records_carry_the_metrics(tmp_path):
+    store = str(tmp_path / "run.db")
+    out = cli_json(run_cli("run", "--model", "op:matmul-128", "--search", "ansor", "--cost-model", "ncu",
+                           "--trials", "24", "--store", store, "--json"))
+    assert out["trials_measured"] == 24
+    from tunecore.store.sqlite import SqliteStore
+
+    opened = SqliteStore(store)
+    records = [r for t in opened.get_tasks() for r in opened.records(t.task_id)]
+    profiled = [r for r in records if "cpu.instructions" in r.profile]
+    assert 3 <= len(profiled) < len(records)  # a sample: every new best and every 8th candidate
+    assert all(r.profile["cpu.instructions"] > 0 and "mca.loop_cycles" in r.profile for r in profiled)
+
+
+def test_ncu_model_options_are_checked():
+    from tunecore.errors import UsageError
+
+    with pytest.raises((UsageError, ValueError, TypeError)):
+        NcuModel(folds=1)
+    assert json.loads(json.dumps(NcuModel().profilers(tiny_task().target))) == ["cpu"]

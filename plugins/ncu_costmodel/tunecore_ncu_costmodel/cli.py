@@ -1,0 +1,52 @@
+"""``tunecore ncu profile``: add CPU profile metrics (callgrind, llvm-mca) to the rows of a dataset."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from tunecore.cli import Parser, render
+from tunecore.errors import UsageError
+
+
+def add_commands(register: Any) -> None:
+    ncu = register("ncu", cmd_ncu, help="hardware-profile metrics for the ncu cost model")
+    sub = ncu.add_subparsers(dest="ncu_command", required=True, parser_class=Parser)
+    profile = sub.add_parser("profile", help="profile rows of a dataset measured on this machine (in place, "
+                                             "resumable)")
+    profile.add_argument("--dataset", "-d", required=True, help="dataset file (.parquet), updated in place")
+    profile.add_argument("--limit", type=int, required=True, help="rows to profile in this call")
+    profile.add_argument("--per-task", type=int, default=None,
+                         help="profile at most this many rows per task, counting earlier calls")
+    profile.add_argument("--workloads", default=None, help="only tasks of these workloads (comma-separated)")
+    profile.add_argument("--max-latency", type=float, default=0.05,
+                         help="skip rows slower than this many seconds (callgrind runs ~150x slower; default 0.05)")
+    profile.add_argument("--timeout", type=float, default=120.0, help="seconds per row (default 120)")
+    profile.add_argument("--seed", type=int, default=0)
+    profile.add_argument("--json", action="store_true")
+
+
+def cmd_ncu(args: argparse.Namespace) -> int:
+    import os
+
+    from tunecore_ncu_costmodel.profilers import profile_dataset
+
+    for name in ("limit", "per_task", "max_latency", "timeout"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be positive")
+    if not os.path.exists(args.dataset):
+        raise UsageError(f"--dataset {args.dataset}: no such file")
+    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()] if args.workloads else []
+    display = render.progress(transient=True)
+    job = display.add_task("profiling", total=None)
+
+    def on_progress(counts: dict[str, Any]) -> None:
+        display.update(job, total=counts["total"], completed=counts["profiled"] + counts["failed"])
+
+    with display:
+        out = profile_dataset(args.dataset, limit=args.limit, per_task=args.per_task, workloads=workloads,
+                              max_latency=args.max_latency, timeout=args.timeout, seed=args.seed,
+                              on_progress=on_progress)
+    render.fields(out, args.json)
+    return 0

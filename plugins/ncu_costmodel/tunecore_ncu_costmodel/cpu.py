@@ -1,0 +1,245 @@
+"""The CPU profiler: what Nsight Compute tells about a GPU kernel, told about a CPU kernel without hardware counters.
+
+Two tools, neither of which touches Python or libtvm (valgrind on a Python+TVM process costs minutes per start):
+
+- **callgrind** runs a small C harness (harness.c, built once per machine with the system C compiler) that
+  loads the candidate's shared library and calls it: instructions, loads, stores, L1 and L2 misses (the cache
+  geometry of this machine's cores, read from sysfs and passed explicitly: valgrind's own detection is wrong on
+  VMs), branches and mispredicts. Only parallel task 0 of the target's cores runs: one core's share of the
+  work with its private L1/L2, at half the cost. Counts are deterministic.
+- **llvm-mca** estimates the steady-state throughput of the kernel's hot loop, found in the disassembly as the
+  innermost loop with the most floating-point work (``objdump``), for the target's ``mcpu``.
+
+AVX-512 code cannot run under valgrind (it stops at the first such instruction): a library that contains any
+gets only the llvm-mca metrics and ``cpu.avx512 = 1``; its callgrind metrics are missing, not zero.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from typing import Any, Sequence
+
+from tunecore.errors import UsageError
+
+# callgrind event -> metric; summed where two events make one metric
+CALLGRIND_METRICS = {
+    "cpu.instructions": ("Ir",),
+    "cpu.loads": ("Dr",),
+    "cpu.stores": ("Dw",),
+    "cpu.l1_misses": ("D1mr", "D1mw"),
+    "cpu.l2_misses": ("DLmr", "DLmw"),
+    "cpu.branches": ("Bc", "Bi"),
+    "cpu.mispredicts": ("Bcm", "Bim"),
+    "cpu.icache_misses": ("I1mr",),
+}
+MCA_METRICS = ("mca.loop_cycles", "mca.loop_instructions", "mca.loop_flops", "mca.ipc", "mca.uops_per_cycle")
+# how this candidate was profiled, and at what cost: not features
+BOOKKEEPING = ("cpu.warm", "cpu.avx512", "cpu.profile_secs")
+# a kernel this fast runs warm in the profile (a warm-up call first): its working set may fit the caches,
+# as it does when it is timed. Slower ones run once, cold: half the cost, and their traffic dwarfs a cold start.
+WARM_BELOW_SECS = 2e-3
+
+_PACKAGES = {"valgrind": "valgrind", "llvm-mca": "llvm", "objdump": "binutils", "cc": "gcc"}
+
+
+def require(tool: str) -> str:
+    """The path of a tool the profiler needs, or one line naming the package that installs it."""
+    path = shutil.which(tool)
+    if path is None:
+        raise UsageError(f"the CPU profiler needs '{tool}', which is not installed: "
+                         f"apt-get install {_PACKAGES.get(tool, tool)}")
+    return path
+
+
+@functools.lru_cache(maxsize=None)
+def harness() -> str:
+    """The harness executable, compiled on first use into the user's cache directory (keyed by its source)."""
+    source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "harness.c")
+    with open(source, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()[:16]
+    cache = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tunecore")
+    path = os.path.join(cache, f"ncu-harness-{digest}")
+    if not os.path.exists(path):
+        os.makedirs(cache, exist_ok=True)
+        temporary = f"{path}.{os.getpid()}"
+        compiled = subprocess.run([require("cc"), "-O2", "-rdynamic", "-o", temporary, source, "-ldl"],
+                                  capture_output=True, text=True)
+        if compiled.returncode != 0:
+            raise RuntimeError(f"cannot compile the profiling harness: {compiled.stderr.strip()[:500]}")
+        os.replace(temporary, path)
+    return path
+
+
+def tensor_specs(args_info: Sequence) -> list[str]:
+    """The harness's arguments for MetaSchedule ArgInfo JSON: ``float32:1x3x224x224``."""
+    specs = []
+    for kind, dtype, shape in args_info:
+        if kind != "TENSOR":
+            raise ValueError(f"cannot profile an argument of kind {kind}")
+        specs.append(f"{dtype}:{'x'.join(str(int(d)) for d in shape)}")
+    return specs
+
+
+@functools.lru_cache(maxsize=None)
+def cache_geometry() -> dict[str, tuple[int, int, int]]:
+    """(size, ways, line) of this machine's L1 data cache and L2 per core, from sysfs, in valgrind's terms
+    (its sets must be a power of two: a size that gives others is rounded down to one that does not)."""
+    found: dict[str, tuple[int, int, int]] = {}
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    for entry in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+        def read(name: str) -> str:
+            with open(os.path.join(base, entry, name)) as f:
+                return f.read().strip()
+        try:
+            level, kind = read("level"), read("type")
+            size = read("size")
+            size_bytes = int(size.rstrip("KMG")) * {"K": 1024, "M": 1024**2, "G": 1024**3}.get(size[-1], 1)
+            ways, line = int(read("ways_of_associativity")), int(read("coherency_line_size"))
+        except (OSError, ValueError):
+            continue
+        if kind != "Instruction" and level in ("1", "2"):
+            sets = max(1, size_bytes // (ways * line))
+            sets = 1 << (sets.bit_length() - 1)
+            found[f"L{level}"] = (sets * ways * line, ways, line)
+    found.setdefault("L1", (32768, 8, 64))
+    found.setdefault("L2", (524288, 8, 64))
+    return found
+
+
+def callgrind(library: str, entry: str, threads: int, args_info: Sequence, *, warm: bool,
+              timeout: float) -> dict[str, float]:
+    """Callgrind's counts for one call of the kernel (task 0 of ``threads``), as metrics."""
+    l1, l2 = cache_geometry()["L1"], cache_geometry()["L2"]
+    with tempfile.TemporaryDirectory(prefix="tunecore-profile-") as directory:
+        out = os.path.join(directory, "callgrind.out")
+        command = [require("valgrind"), "--tool=callgrind", "--cache-sim=yes", "--branch-sim=yes",
+                   "--simulate-hwpref=yes", "--D1={},{},{}".format(*l1), "--LL={},{},{}".format(*l2),
+                   "--collect-atstart=no", "--toggle-collect=profiled_call", f"--callgrind-out-file={out}",
+                   harness(), library, entry, str(threads), "profile-warm" if warm else "profile",
+                   *tensor_specs(args_info)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        if done.returncode != 0:
+            lines = [x for x in done.stderr.splitlines() if x.startswith("harness:") or "unhandled instruction" in x]
+            raise RuntimeError(lines[-1] if lines else f"valgrind exited with {done.returncode}")
+        events, totals = [], []
+        with open(out) as f:
+            for line in f:
+                if line.startswith("events:"):
+                    events = line.split()[1:]
+                elif line.startswith("totals:"):
+                    totals = [float(x) for x in line.split()[1:]]
+    counts = dict(zip(events, totals))
+    return {metric: sum(counts.get(e, 0.0) for e in names) for metric, names in CALLGRIND_METRICS.items()}
+
+
+# --- llvm-mca on the hot loop ---
+
+_INSTRUCTION = re.compile(r"^\s*([0-9a-f]+):\s+(\S+)\s*(.*)$")
+_FLOPS_PER_LANE = (("vfmadd", 2), ("vfmsub", 2), ("vfnmadd", 2), ("vfnmsub", 2), ("vmul", 1), ("vadd", 1),
+                   ("vsub", 1), ("vmax", 1), ("vmin", 1), ("vdiv", 1), ("mulss", 1), ("addss", 1), ("mulsd", 1),
+                   ("addsd", 1))
+_REGISTER_BITS = (("%zmm", 512), ("%ymm", 256), ("%xmm", 128))
+
+
+def disassemble(library: str) -> list[tuple[int, str, str]]:
+    """(address, mnemonic, operands) of every instruction in the library's text section."""
+    done = subprocess.run([require("objdump"), "-d", "--no-show-raw-insn", "-M", "att", "-j", ".text", library],
+                          capture_output=True, text=True, check=True)
+    out = []
+    for line in done.stdout.splitlines():
+        match = _INSTRUCTION.match(line)
+        if match:
+            out.append((int(match.group(1), 16), match.group(2), match.group(3).split("#")[0].strip()))
+    return out
+
+
+def uses_avx512(instructions: Sequence[tuple[int, str, str]]) -> bool:
+    return any("%zmm" in ops or re.search(r"%k[0-7]\b", ops) for _, _, ops in instructions)
+
+
+def _flops(mnemonic: str, operands: str) -> float:
+    for prefix, per_lane in _FLOPS_PER_LANE:
+        if mnemonic.startswith(prefix):
+            if mnemonic.endswith(("ss", "sd")):
+                return per_lane
+            bits = next((b for reg, b in _REGISTER_BITS if reg in operands), 128)
+            return per_lane * bits // (64 if mnemonic.endswith("pd") else 32)
+    return 0.0
+
+
+def hot_loop(instructions: Sequence[tuple[int, str, str]]) -> list[tuple[str, str]] | None:
+    """The innermost loop (a backward branch with no other loop inside) with the most floating-point work
+    per iteration; the longest innermost loop when none computes. None when the code has no loop."""
+    loops = []
+    for i, (address, mnemonic, operands) in enumerate(instructions):
+        match = re.match(r"([0-9a-f]+)\b", operands)
+        if mnemonic.startswith("j") and match and int(match.group(1), 16) <= address:
+            loops.append((int(match.group(1), 16), address, i))
+    innermost = [(s, e, i) for s, e, i in loops if not any(s <= s2 and e2 <= e and (s2, e2) != (s, e)
+                                                           for s2, e2, _ in loops)]
+    best, best_key = None, None
+    for start, _, end_index in innermost:
+        body = [(m, ops) for a, m, ops in instructions[:end_index + 1] if a >= start]
+        key = (sum(_flops(m, ops) for m, ops in body), len(body))
+        if best_key is None or key > best_key:
+            best, best_key = body, key
+    return best
+
+
+def mca(instructions: Sequence[tuple[int, str, str]], mcpu: str, timeout: float = 30.0) -> dict[str, float]:
+    """llvm-mca's steady-state estimate of the hot loop (see ``hot_loop``); {} when the code has no loop."""
+    body = hot_loop(instructions)
+    if not body:
+        return {}
+    lines = ["loop:"]
+    for mnemonic, operands in body:
+        if mnemonic.startswith("j"):
+            operands = "loop"  # branch targets are addresses in the library; llvm-mca needs a label
+        lines.append(f"  {mnemonic} {operands}")
+    command = [require("llvm-mca"), "-mtriple=x86_64-unknown-linux-gnu", f"-mcpu={mcpu or 'native'}", "--json",
+               "-iterations=100"]
+    done = subprocess.run(command, input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"llvm-mca: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else 'failed'}")
+    summary = json.loads(done.stdout)["CodeRegions"][0]["SummaryView"]
+    return {"mca.loop_cycles": float(summary["BlockRThroughput"]),
+            "mca.loop_instructions": float(len(body)),
+            "mca.loop_flops": float(sum(_flops(m, ops) for m, ops in body)),
+            "mca.ipc": float(summary["IPC"]),
+            "mca.uops_per_cycle": float(summary["uOpsPerCycle"])}
+
+
+def profile_library(library: str, args_info: Sequence, *, threads: int, mcpu: str, latency: float | None,
+                    entry: str = "main", timeout: float = 60.0) -> dict[str, float]:
+    """Every CPU metric of one built kernel (see the module docstring); raises when it cannot be profiled."""
+    started = time.perf_counter()
+    instructions = disassemble(library)
+    metrics = mca(instructions, mcpu)
+    if uses_avx512(instructions):
+        metrics["cpu.avx512"] = 1.0
+    else:
+        warm = latency is not None and latency < WARM_BELOW_SECS
+        metrics.update(callgrind(library, entry, threads, args_info, warm=warm, timeout=timeout))
+        metrics["cpu.warm"] = float(warm)
+    metrics["cpu.profile_secs"] = time.perf_counter() - started
+    return metrics
+
+
+def check_tools() -> None:
+    """One line naming the package to install when a tool is missing (before any work starts)."""
+    for tool in ("valgrind", "llvm-mca", "objdump", "cc"):
+        require(tool)
+
+
+def target_facts(target_json: str) -> tuple[int, str]:
+    """(cores, mcpu) of an llvm target in JSON."""
+    target: dict[str, Any] = json.loads(target_json)
+    return int(target.get("num-cores") or os.cpu_count() or 1), str(target.get("mcpu", ""))

@@ -1,0 +1,199 @@
+"""The profilers a measurer runs on built candidates (``-O measurer.profilers='["cpu"]'``; ``--cost-model ncu``
+adds the one for its target itself), and ``tunecore ncu profile``, which adds the same metrics to a dataset.
+
+A profile costs about as much as a measurement (callgrind runs a kernel ~150x slower), so a profiler in a run
+profiles a sample: every candidate that is the fastest of its task so far, and every ``EVERY``-th other one.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Sequence
+
+from tunecore.data import MeasureResult, Task
+from tunecore.roles import Artifact, Profiler
+from tunecore_ncu_costmodel import cpu, ncu_csv
+
+EVERY = 8
+MAX_LATENCY_SECS = 0.05  # slower candidates are not profiled in a run: ~15 s of callgrind each
+
+
+class _Sampling(Profiler):
+    """Which measured candidates get profiled (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.seen: collections.Counter = collections.Counter()
+        self.best: dict[str, float] = {}
+
+    def profile(self, task: Task, artifact: Artifact, result: MeasureResult) -> dict[str, float]:
+        latency = result.latency
+        if latency is None:
+            return {}
+        seen = self.seen[task.task_id]
+        self.seen[task.task_id] += 1
+        fastest = latency < self.best.get(task.task_id, float("inf"))
+        if fastest:
+            self.best[task.task_id] = latency
+        if latency > MAX_LATENCY_SECS or not (fastest or seen % EVERY == 0):
+            return {}
+        return self.metrics(task, artifact.path, latency)
+
+    def metrics(self, task: Task, library: str, latency: float) -> dict[str, float]:
+        raise NotImplementedError
+
+
+class CPUProfiler(_Sampling):
+    """callgrind + llvm-mca on a native harness (tunecore_ncu_costmodel.cpu)."""
+
+    name = "cpu"
+    target_kinds = frozenset({"llvm"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        cpu.check_tools()
+
+    def metrics(self, task: Task, library: str, latency: float) -> dict[str, float]:
+        cores, mcpu = cpu.target_facts(task.target_json)
+        return cpu.profile_library(library, task.args, threads=cores, mcpu=mcpu, latency=latency)
+
+
+class NcuProfiler(_Sampling):
+    """Nsight Compute on the candidate's CUDA kernels: ``ncu --csv --page raw --metrics ...`` around a small
+    Python process that loads the library and calls it once (ncu, unlike valgrind, costs little per start)."""
+
+    name = "ncu"
+    target_kinds = frozenset({"cuda"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        ncu_csv.check_tool()
+
+    def metrics(self, task: Task, library: str, latency: float) -> dict[str, float]:
+        command = [ncu_csv.check_tool(), "--csv", "--page", "raw", "--print-units", "base",
+                   "--metrics", ",".join(ncu_csv.STUDY_METRICS), sys.executable, "-m",
+                   "tunecore_ncu_costmodel.run_cuda", library, json.dumps(task.args)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            raise RuntimeError(f"ncu exited with {done.returncode}")
+        return ncu_csv.candidate_metrics(ncu_csv.parse(done.stdout))
+
+
+# --- tunecore ncu profile ---
+
+
+def profile_dataset(path: str, *, limit: int, per_task: int | None = None, workloads: Sequence[str] = (),
+                    max_latency: float = 0.05, timeout: float = 120.0, seed: int = 0, save_every: float = 60.0,
+                    on_progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Add CPU profile metrics to up to ``limit`` rows of a dataset measured on this machine's device, in place.
+
+    Rows are taken round-robin over tasks (in a seeded order within each), so any ``limit`` covers the tasks
+    evenly; ``per_task`` caps the rows profiled per task, counting those profiled before. Rows that have a
+    profile already are skipped, so the command resumes where it stopped. A row that cannot be profiled gets
+    ``cpu.failed = 1`` and is not tried again.
+    """
+    import concurrent.futures
+
+    import numpy as np
+    import tvm
+
+    from tunecore.data import Candidate
+    from tunecore.dataset.table import Dataset
+    from tunecore.errors import UsageError
+    from tunecore.measure.local import LocalBuilder
+    from tunecore.targets import device_descriptor, device_id
+    from tunecore.tvmjson import target_from_json
+
+    cpu.check_tools()
+    dataset = Dataset.load(path)
+    unknown = [w for w in workloads if not any(w in t.workloads for t in dataset.tasks.values())]
+    if unknown:
+        raise UsageError(f"no workload {unknown[0]} in {path}")
+    by_task: dict[tuple[str, str], list] = collections.defaultdict(list)
+    for row in dataset.rows:
+        task = dataset.tasks[row.task_key]
+        if workloads and not any(w in task.workloads for w in workloads):
+            continue
+        by_task[row.task_key, row.target].append(row)
+    rng = np.random.default_rng(seed)
+    here: dict[str, str | None] = {}
+    queues = []
+    for (task_key, target), rows in sorted(by_task.items()):
+        if target not in here:  # the device this machine is for that target: only its rows can be profiled here
+            tvm_target = target_from_json(target)
+            here[target] = device_id(device_descriptor(tvm_target)) if tvm_target.kind.name == "llvm" else None
+        rows = [r for r in rows if r.device_id == here[target]]
+        done = sum(_profiled(r) for r in rows)
+        todo = [rows[i] for i in rng.permutation(len(rows))
+                if not _profiled(rows[i]) and rows[i].latency is not None and rows[i].latency <= max_latency]
+        if per_task is not None:
+            todo = todo[:max(0, per_task - done)]
+        if todo:
+            queues.append(todo)
+    order = [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)][:limit]
+    if not order:
+        return {"profiled": 0, "failed": 0, "total": 0, "rows_with_profile": sum(map(_profiled, dataset.rows)),
+                "seconds": 0.0}
+
+    started = saved = time.perf_counter()
+    counts = {"profiled": 0, "failed": 0, "total": len(order)}
+    batch = max(2, 4 * (os.cpu_count() or 1))
+    batches = [rows[i:i + batch] for target in dict.fromkeys(r.target for r in order)
+               for rows in [[r for r in order if r.target == target]] for i in range(0, len(rows), batch)]
+    builders: dict[str, LocalBuilder] = {}
+    workers = concurrent.futures.ThreadPoolExecutor(max(1, os.cpu_count() or 1))
+    try:
+        for rows in batches:
+            target = rows[0].target
+            builder = builders.get(target) or builders.setdefault(target, LocalBuilder(target_from_json(target)))
+            mods, built = [], []
+            for row in rows:
+                try:
+                    task = dataset.tasks[row.task_key].for_target(target)
+                    mods.append(tvm.ir.save_json(Candidate(task, row.trace, row.program_key).mod))
+                    built.append(row)
+                except Exception:  # the trace does not replay
+                    _failed(row, counts)
+            futures = {}
+            for row, artifact in zip(built, builder.build(mods) if mods else []):
+                if not isinstance(artifact, Artifact):
+                    _failed(row, counts)
+                    continue
+                cores, mcpu = cpu.target_facts(target)
+                future = workers.submit(cpu.profile_library, artifact.path, dataset.tasks[row.task_key].args,
+                                        threads=cores, mcpu=mcpu, latency=row.latency, timeout=timeout)
+                futures[future] = row, artifact
+            for future in concurrent.futures.as_completed(futures):
+                row, artifact = futures[future]
+                try:
+                    row.profile.update(future.result())
+                    counts["profiled"] += 1
+                except Exception:
+                    _failed(row, counts)
+                builder.discard(artifact)
+            if on_progress:
+                on_progress(dict(counts))
+            if time.perf_counter() - saved > save_every:
+                dataset.save(path)
+                saved = time.perf_counter()
+    finally:
+        dataset.save(path)
+        workers.shutdown(wait=True)
+        for builder in builders.values():
+            builder.close()
+    return dict(counts, rows_with_profile=sum(map(_profiled, dataset.rows)),
+                seconds=round(time.perf_counter() - started, 1))
+
+
+def _failed(row: Any, counts: dict[str, int]) -> None:
+    row.profile["cpu.failed"] = 1.0
+    counts["failed"] += 1
+
+
+def _profiled(row: Any) -> bool:
+    return any(key.startswith(("cpu.", "mca.")) for key in row.profile)
+
