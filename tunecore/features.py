@@ -8,6 +8,7 @@ program key, and a program TVM cannot extract features from gives None instead o
 from __future__ import annotations
 
 import collections
+import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -15,6 +16,7 @@ import numpy as np
 from tunecore.data import Candidate, Task
 
 N_FEATURES = 164
+N_DEVICE_FEATURES = 12
 
 
 class PerStoreFeatures:
@@ -76,3 +78,38 @@ class PerStoreFeatures:
 def program_row(rows: np.ndarray) -> np.ndarray:
     """One fixed-length row per program from its per-store rows: their sum and their maximum (2 x 164)."""
     return np.concatenate([rows.sum(axis=0), rows.max(axis=0)])
+
+
+def device_features(device: dict[str, Any] | None) -> np.ndarray:
+    """The device as ``N_DEVICE_FEATURES`` numbers, for cost models that learn across devices (``cdmpp``, ``ncu``):
+    kind, clock, cores, vector width, FMA, caches, peak FLOP/s; SMs and memory on GPUs. ValueError naming what is
+    missing."""
+    if not device:
+        raise ValueError("no device description")
+    kind = device.get("kind")
+    need = {"llvm": ("cores", "vector_bits", "clock_mhz"), "cuda": ("sm_count", "clock_mhz")}.get(kind)
+    if need is None:
+        raise ValueError(f"no device features for target kind {kind!r} (cdmpp knows llvm and cuda)")
+    missing = [k for k in need if not device.get(k)]
+    if missing:
+        raise ValueError(f"device {device.get('cpu') or device.get('gpu') or kind} lacks {', '.join(missing)}")
+
+    def log2(value: float | None, scale: float) -> float:
+        return math.log2(1 + value) / scale if value else 0.0
+
+    clock_ghz = device["clock_mhz"] / 1000
+    if kind == "llvm":
+        lanes = device["vector_bits"] / 32
+        fma = bool(device.get("fma"))
+        # two vector pipes per core on every x86 core of the last decade
+        peak_gflops = device["cores"] * clock_ghz * lanes * (2 if fma else 1) * 2
+        return np.array([
+            1.0, 0.0, clock_ghz / 4, log2(device["cores"], 8), device["vector_bits"] / 512, float(fma),
+            log2(device.get("l1_bytes"), 24), log2(device.get("l2_bytes"), 32),
+            log2(device.get("l3_bytes"), 32), log2(peak_gflops, 16), 0.0, 0.0,
+        ], dtype=np.float32)
+    peak_gflops = device["sm_count"] * 128 * 2 * clock_ghz
+    return np.array([
+        1.0, 1.0, clock_ghz / 4, 0.0, 0.0, 1.0, 0.0, log2(device.get("l2_bytes"), 32), 0.0, log2(peak_gflops, 16),
+        log2(device["sm_count"], 8), log2(device.get("memory_bytes"), 40),
+    ], dtype=np.float32)

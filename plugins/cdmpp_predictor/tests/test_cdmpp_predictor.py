@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 import torch
 from tunecore_cdmpp_predictor.costmodel import CDMPPModel
-from tunecore_cdmpp_predictor.features import CompactASTs, device_features, leaf_positions
+from tunecore_cdmpp_predictor.features import CompactASTs, leaf_positions
 from tunecore_cdmpp_predictor.model import Predictor
 
 from tunecore.data import MeasureResult
 from tunecore.dataset.evaluate import measured_groups
 from tunecore.dataset.table import Dataset
+from tunecore.features import device_features
 from tunecore.testing import CostModelConformance, sample_candidates
 from tunecore.testing.cli import assert_one_line_exit_2, cli_json, run_cli
 

@@ -20,8 +20,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from tunecore.errors import UsageError
+from tunecore.features import device_features
 from tunecore.interfaces import Candidate, CostModel, MeasureResult, Task, check_options, is_int, is_number
-from tunecore_cdmpp_predictor.features import CompactAST, CompactASTs, device_features
+from tunecore_cdmpp_predictor.features import CompactAST, CompactASTs
 
 _MIN_STEPS = 200
 SHIPPED_WEIGHTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "weights", "cdmpp-cpu.pt")

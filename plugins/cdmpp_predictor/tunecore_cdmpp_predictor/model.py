@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from tunecore.features import N_FEATURES
-from tunecore_cdmpp_predictor.features import N_DEVICE_FEATURES, CompactAST, positional_encoding
+from tunecore.features import N_DEVICE_FEATURES, N_FEATURES
+from tunecore_cdmpp_predictor.features import CompactAST, positional_encoding
 
 FORMAT = "tunecore-cdmpp"
 VERSION = 1

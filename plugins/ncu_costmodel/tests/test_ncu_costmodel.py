@@ -168,6 +168,10 @@ def test_a_missing_tool_names_the_package_to_install(monkeypatch, tmp_path):
         os.symlink(original(tool), bin_dir / tool)
     result = run_cli("ncu", "profile", "--dataset", SHIPPED, "--limit", "1", env={"PATH": str(bin_dir)})
     assert_one_line_exit_2(result, "valgrind", "apt-get install valgrind")
+    # a run whose cost model needs the profiler: refused before anything is measured
+    result = run_cli("run", "--model", "op:matmul-64", "--cost-model", "ncu", "--trials", "4", "--store",
+                     str(tmp_path / "x.db"), env={"PATH": str(bin_dir)})
+    assert_one_line_exit_2(result, "apt-get install valgrind")
 
 
 # --- the dataset command ---

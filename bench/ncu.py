@@ -1,0 +1,154 @@
+"""Profile metrics as cost-model features on this CPU: the oracle study and the two-stage `ncu` model beside xgb.
+
+    python bench/ncu.py [--dataset datasets/cpu-programs.parquet] [--split workload:zoo:resnet-18,zoo:bert-tiny]
+
+Needs rows with CPU profiles (`tunecore ncu profile`; datasets/README.md says which rows the shipped dataset
+has). Everything goes through `tunecore costmodel eval`'s own code (tunecore.dataset.evaluate), on the
+cross-workload split, on the device whose rows were profiled, testing only profiled programs (the oracle
+needs their metrics):
+
+- (a) the study: `ncu` with `oracle` (the measured callgrind + llvm-mca metrics of the very programs it
+  ranks are its features) vs `xgb` on MetaSchedule's static per-store features;
+- (b) the two-stage `ncu` (metrics predicted from static features, latency from predicted metrics), and
+  with `static=true` (stage B also sees the static features), vs `xgb`;
+
+each twice: trained on the profiled training rows only (everyone sees the same programs), and on every
+measured training row (stage A still learns only from profiled ones; how the model would be used). Also
+stage A's R^2 per metric on the held-out tasks, and what a profile costs. Writes bench/results/ncu.{json,md}.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+
+from tunecore import experiments
+from tunecore.dataset.evaluate import evaluate, measured_groups
+from tunecore.dataset.split import Split, split
+from tunecore.dataset.table import Dataset
+from tunecore.experiments import command_line, environment, split_tables, write_results
+
+COLUMNS = ("recall@32", "recall@5", "spearman", "pairwise_accuracy", "top1_score", "top5_score", "train_s")
+MODELS = {  # label -> (registered name, options)
+    "xgb": ("xgb", {}),
+    "ncu oracle (measured metrics)": ("ncu", {"oracle": None}),  # the dataset path is filled in
+    "ncu two-stage": ("ncu", {}),
+    "ncu two-stage + static": ("ncu", {"static": True}),
+}
+
+
+def profiled(row) -> bool:
+    return "cpu.instructions" in row.profile and "cpu.failed" not in row.profile
+
+
+def run_models(dataset: Dataset, parts: Split, path: str, seed: int) -> dict:
+    """One evaluate() per model (each model name takes one set of options per call), merged into one result."""
+    merged: dict = {}
+    for label, (name, options) in MODELS.items():
+        options = {k: (path if k == "oracle" else v) for k, v in options.items()}
+        result = evaluate(dataset, parts, [name], seed=seed, options={name: options})
+        merged = merged or {k: v for k, v in result.items() if k != "models"} | {"models": {}}
+        merged["models"][label] = result["models"][name]
+    return merged
+
+
+def chance_recall(parts: Split, k: int) -> float:
+    sizes: dict[tuple, int] = {}
+    for row in parts.test:
+        sizes[row.task_key, row.device_id] = sizes.get((row.task_key, row.device_id), 0) + 1
+    return float(np.mean([min(k, n) / n for n in sizes.values() if n >= 2]))
+
+
+def stage_a_r2(dataset: Dataset, parts: Split, seed: int) -> dict[str, float]:
+    """R^2 of stage A's predicted log(metric per FLOP) on the held-out tasks' profiled programs."""
+    import xgboost as xgb
+    from tunecore_ncu_costmodel.model import NcuModel, device_row
+
+    model = NcuModel(seed=seed)
+    model.update_all([(t, c, r) for t, c, r, _ in measured_groups(dataset, parts.train)])
+    predicted, measured = [], []
+    for task, candidates, results, device in measured_groups(dataset, parts.test):
+        static = np.stack(model._static(task, candidates))
+        log_flops = np.log(max(task.flops, 1.0))
+        x = np.concatenate([static, np.full((len(candidates), 1), log_flops),
+                            np.repeat(device_row(device)[None, :], len(candidates), axis=0)], axis=1)
+        predicted.append(np.stack([model.stage_a[n].predict(xgb.DMatrix(x)) for n in model.metric_names], axis=1))
+        measured.append(model._metric_matrix([(r.profile, log_flops) for r in results]))
+    p, m = np.concatenate(predicted), np.concatenate(measured)
+    out = {}
+    for j, name in enumerate(model.metric_names):
+        ok = ~np.isnan(m[:, j])
+        residual = np.sum((m[ok, j] - p[ok, j]) ** 2)
+        total = np.sum((m[ok, j] - m[ok, j].mean()) ** 2)
+        out[name] = round(float(1 - residual / total), 3) if total > 0 else None
+    return out
+
+
+def profile_costs(rows: list) -> dict:
+    secs = np.array([r.profile["cpu.profile_secs"] for r in rows])
+    ratio = secs / np.array([r.latency for r in rows])
+    return {"rows": len(rows), "mean_s": round(float(secs.mean()), 2), "median_s": round(float(np.median(secs)), 2),
+            "p90_s": round(float(np.percentile(secs, 90)), 2), "max_s": round(float(secs.max()), 2),
+            "median_over_latency": round(float(np.median(ratio)), 1),
+            "warm": int(sum(r.profile.get("cpu.warm", 0) for r in rows))}
+
+
+def main() -> None:
+    parser = experiments.script_parser(__doc__, __file__)
+    parser.add_argument("--dataset", default="datasets/cpu-programs.parquet")
+    parser.add_argument("--split", default="workload:zoo:resnet-18,zoo:bert-tiny")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    dataset = Dataset.load(args.dataset)
+    rows = [r for r in dataset.rows if profiled(r)]
+    device = max({r.device_id for r in rows}, key=lambda d: sum(r.device_id == d for r in rows))
+    base = split(dataset, args.split, args.seed, devices=[device])
+    test = [r for r in base.test if profiled(r)]
+    settings = {
+        "profiled training rows": dataclasses.replace(base, train=[r for r in base.train if profiled(r)], test=test),
+        "every measured training row": dataclasses.replace(base, test=test),
+    }
+    report = {
+        "command": command_line("ncu.py"),
+        "environment": environment(),
+        "dataset": {"path": args.dataset, "device": device, "profiled_rows": len(rows),
+                    "failed_profiles": sum("cpu.failed" in r.profile for r in dataset.rows)},
+        "chance_recall@32": round(chance_recall(settings["profiled training rows"], 32), 3),
+        "chance_recall@5": round(chance_recall(settings["profiled training rows"], 5), 3),
+        "profile_cost": profile_costs([r for r in rows if r.device_id == device]),
+        "stage_a_r2": stage_a_r2(dataset, settings["profiled training rows"], args.seed),
+        "results": {name: run_models(dataset, parts, os.path.abspath(args.dataset), args.seed)
+                    for name, parts in settings.items()},
+    }
+    write_results(args.out, "ncu", report, markdown(report))
+
+
+def markdown(report: dict) -> str:
+    data, cost = report["dataset"], report["profile_cost"]
+    lines = [
+        "# Profile metrics as cost-model features on this CPU",
+        "",
+        f"Dataset `{data['path']}`: {data['profiled_rows']} programs with CPU profiles (callgrind + llvm-mca) on "
+        f"device `{data['device']}` ({data['failed_profiles']} could not be profiled). Test: the profiled programs "
+        f"of the held-out workloads' tasks. Chance: recall@32 {report['chance_recall@32']}, recall@5 "
+        f"{report['chance_recall@5']} (groups of up to 64 programs, not the study's 128).",
+        f"{experiments.environment_line(report)}",
+        "",
+        f"A profile costs {cost['median_s']} s (median; mean {cost['mean_s']} s, p90 {cost['p90_s']} s, max "
+        f"{cost['max_s']} s), {cost['median_over_latency']}x the program's measured latency (median), 2 at a time "
+        f"on 2 cores; {cost['warm']} of {cost['rows']} ran warm (latency < 2 ms: a warm-up call first).",
+        "",
+    ]
+    lines += split_tables(report["results"], COLUMNS)
+    lines += ["## Stage A: R^2 of predicted log(metric per FLOP) on the held-out tasks", "",
+              "| metric | R^2 |", "|---|---:|"]
+    lines += [f"| {name} | {r2} |" for name, r2 in report["stage_a_r2"].items()]
+    lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
