@@ -19,6 +19,9 @@ def add_commands(register: Any) -> None:
     profile.add_argument("--per-task", type=int, default=None,
                          help="profile at most this many rows per task, counting earlier calls")
     profile.add_argument("--workloads", default=None, help="only tasks of these workloads (comma-separated)")
+    profile.add_argument("--devices", default=None,
+                         help="only rows of these devices (ids or prefixes, comma-separated); default: every device "
+                              "of this machine in the dataset (one per target it was measured with)")
     profile.add_argument("--max-latency", type=float, default=0.05,
                          help="skip rows slower than this many seconds (callgrind runs ~150x slower; default 0.05)")
     profile.add_argument("--timeout", type=float, default=120.0, help="seconds per row (default 120)")
@@ -38,6 +41,7 @@ def cmd_ncu(args: argparse.Namespace) -> int:
     if not os.path.exists(args.dataset):
         raise UsageError(f"--dataset {args.dataset}: no such file")
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()] if args.workloads else []
+    devices = [d.strip() for d in args.devices.split(",") if d.strip()] if args.devices else []
     display = render.progress(transient=True)
     job = display.add_task("profiling", total=None)
 
@@ -46,7 +50,7 @@ def cmd_ncu(args: argparse.Namespace) -> int:
 
     with display:
         out = profile_dataset(args.dataset, limit=args.limit, per_task=args.per_task, workloads=workloads,
-                              max_latency=args.max_latency, timeout=args.timeout, seed=args.seed,
+                              devices=devices, max_latency=args.max_latency, timeout=args.timeout, seed=args.seed,
                               on_progress=on_progress)
     render.fields(out, args.json)
     return 0

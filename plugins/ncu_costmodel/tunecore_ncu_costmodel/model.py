@@ -35,6 +35,7 @@ from tunecore.interfaces import Candidate, CostModel, MeasureResult, Task, check
 from tunecore_ncu_costmodel import cpu, ncu_csv
 
 _FORMAT = "tunecore-ncu"
+_UNKNOWN_SECS = 1e9  # the prediction for a program the model cannot describe: last, and still a finite score
 _NOT_FEATURES = set(cpu.BOOKKEEPING) | {"cpu.failed", "ncu.kernels"}
 
 
@@ -244,7 +245,7 @@ class NcuModel(CostModel):
             return np.full(len(candidates), np.nan)
         static_rows = self._static(task, candidates)
         valid = [i for i, r in enumerate(static_rows) if r is not None]
-        out = np.full(len(candidates), np.inf)  # a program without features is predicted slowest
+        out = np.full(len(candidates), _UNKNOWN_SECS)  # a program without features is predicted slowest
         if not valid:
             return out
         static = np.stack([static_rows[i] for i in valid])
@@ -265,7 +266,7 @@ class NcuModel(CostModel):
             inputs = self._stage_b_inputs(metrics, static, log_flops, devices)
         predicted = np.exp(self.stage_b.predict(xgb.DMatrix(inputs)))
         if self.oracle is not None and self.stage_b_metrics:
-            predicted[np.isnan(metrics).all(axis=1)] = np.inf  # the oracle knows nothing of it
+            predicted[np.isnan(metrics).all(axis=1)] = _UNKNOWN_SECS  # the oracle knows nothing of it
         out[valid] = predicted
         return out
 

@@ -87,12 +87,14 @@ class NcuProfiler(_Sampling):
 
 
 def profile_dataset(path: str, *, limit: int, per_task: int | None = None, workloads: Sequence[str] = (),
+                    devices: Sequence[str] = (),
                     max_latency: float = 0.05, timeout: float = 120.0, seed: int = 0, save_every: float = 60.0,
                     on_progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Add CPU profile metrics to up to ``limit`` rows of a dataset measured on this machine's device, in place.
 
     Rows are taken round-robin over tasks (in a seeded order within each), so any ``limit`` covers the tasks
-    evenly; ``per_task`` caps the rows profiled per task, counting those profiled before. Rows that have a
+    evenly; ``per_task`` caps the rows profiled per task and device, counting those profiled before; ``devices``
+    (ids or prefixes) limits it to those of this machine's devices. Rows that have a
     profile already are skipped, so the command resumes where it stopped. A row that cannot be profiled gets
     ``cpu.failed = 1`` and is not tried again.
     """
@@ -102,6 +104,7 @@ def profile_dataset(path: str, *, limit: int, per_task: int | None = None, workl
     import tvm
 
     from tunecore.data import Candidate
+    from tunecore.dataset.split import device_of
     from tunecore.dataset.table import Dataset
     from tunecore.errors import UsageError
     from tunecore.measure.local import LocalBuilder
@@ -113,6 +116,7 @@ def profile_dataset(path: str, *, limit: int, per_task: int | None = None, workl
     unknown = [w for w in workloads if not any(w in t.workloads for t in dataset.tasks.values())]
     if unknown:
         raise UsageError(f"no workload {unknown[0]} in {path}")
+    chosen = {device_of(dataset, d) for d in devices}
     by_task: dict[tuple[str, str], list] = collections.defaultdict(list)
     for row in dataset.rows:
         task = dataset.tasks[row.task_key]
@@ -126,7 +130,7 @@ def profile_dataset(path: str, *, limit: int, per_task: int | None = None, workl
         if target not in here:  # the device this machine is for that target: only its rows can be profiled here
             tvm_target = target_from_json(target)
             here[target] = device_id(device_descriptor(tvm_target)) if tvm_target.kind.name == "llvm" else None
-        rows = [r for r in rows if r.device_id == here[target]]
+        rows = [r for r in rows if r.device_id == here[target] and (not chosen or r.device_id in chosen)]
         done = sum(_profiled(r) for r in rows)
         todo = [rows[i] for i in rng.permutation(len(rows))
                 if not _profiled(rows[i]) and rows[i].latency is not None and rows[i].latency <= max_latency]
@@ -182,7 +186,7 @@ def profile_dataset(path: str, *, limit: int, per_task: int | None = None, workl
                 saved = time.perf_counter()
     finally:
         dataset.save(path)
-        workers.shutdown(wait=True)
+        workers.shutdown(wait=True, cancel_futures=True)  # after Ctrl-C, only the profiles under way finish
         for builder in builders.values():
             builder.close()
     return dict(counts, rows_with_profile=sum(map(_profiled, dataset.rows)),
