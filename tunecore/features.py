@@ -1,8 +1,10 @@
-"""MetaSchedule's per-store features of candidates (Ansor's 164 numbers per buffer store), cached by program.
+"""What learned cost models describe programs and devices with, in one place.
 
-Shared by the cost models that learn from them (``xgb`` in ansor_search, ``cdmpp`` in cdmpp_predictor):
-TVM's parallel C++ extractor, one TuneContext per task, a bounded cache keyed by the candidate's
-program key, and a program TVM cannot extract features from gives None instead of failing its batch.
+MetaSchedule's per-store features of candidates (Ansor's 164 numbers per buffer store), cached by program,
+shared by the cost models that learn from them (``xgb``, ``cdmpp``, ``ncu``): TVM's parallel C++ extractor,
+one TuneContext per task, a bounded cache keyed by the candidate's program key, and a program TVM cannot
+extract features from gives None instead of failing its batch. Also a program's fixed-length summary of
+its store rows, and a device's description as numbers.
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ def device_features(device: dict[str, Any] | None) -> np.ndarray:
     kind = device.get("kind")
     need = {"llvm": ("cores", "vector_bits", "clock_mhz"), "cuda": ("sm_count", "clock_mhz")}.get(kind)
     if need is None:
-        raise ValueError(f"no device features for target kind {kind!r} (cdmpp knows llvm and cuda)")
+        raise ValueError(f"no device features for target kind {kind!r} (there are device features for llvm and cuda)")
     missing = [k for k in need if not device.get(k)]
     if missing:
         raise ValueError(f"device {device.get('cpu') or device.get('gpu') or kind} lacks {', '.join(missing)}")
