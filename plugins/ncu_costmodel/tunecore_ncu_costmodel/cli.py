@@ -23,7 +23,7 @@ def add_commands(register: Any) -> None:
                          help="only rows of these devices (ids or prefixes, comma-separated); default: every device "
                               "of this machine in the dataset (one per target it was measured with)")
     profile.add_argument("--max-latency", type=float, default=0.05,
-                         help="skip rows slower than this many seconds (callgrind runs ~150x slower; default 0.05)")
+                         help="skip rows slower than this many seconds (callgrind runs 150-300x slower; default 0.05)")
     profile.add_argument("--timeout", type=float, default=120.0, help="seconds per row (default 120)")
     profile.add_argument("--seed", type=int, default=0)
     profile.add_argument("--json", action="store_true")

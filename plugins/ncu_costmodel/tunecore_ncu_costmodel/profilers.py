@@ -1,7 +1,7 @@
 """The profilers a measurer runs on built candidates (``-O measurer.profilers='["cpu"]'``; ``--cost-model ncu``
 adds the one for its target itself), and ``tunecore ncu profile``, which adds the same metrics to a dataset.
 
-A profile costs about as much as a measurement (callgrind runs a kernel ~150x slower), so a profiler in a run
+A profile costs about as much as a measurement (callgrind runs a kernel 150-300x slower), so a profiler in a run
 profiles a sample: every candidate that is the fastest of its task so far, and every ``EVERY``-th other one.
 """
 
