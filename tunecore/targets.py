@@ -151,28 +151,40 @@ def _make_target(config: dict, spec: str) -> Any:
     return target
 
 
-def _cache_sizes() -> dict[str, int]:
-    sizes = {}
+def data_caches() -> dict[int, tuple[int, int, int]]:
+    """This machine's data (and unified) caches as seen by one core, from sysfs: level -> (bytes, ways, line bytes);
+    ways and line are 0 where sysfs does not say."""
+    caches: dict[int, tuple[int, int, int]] = {}
     base = "/sys/devices/system/cpu/cpu0/cache"
     try:
         entries = sorted(os.listdir(base))
     except OSError:
-        return sizes
+        return caches
+
+    def read(entry: str, name: str, default: str | None = None) -> str:
+        try:
+            with open(f"{base}/{entry}/{name}") as f:
+                return f.read().strip()
+        except OSError:
+            if default is None:
+                raise
+            return default
+
     for entry in entries:
         try:
-            with open(f"{base}/{entry}/level") as f:
-                level = f.read().strip()
-            with open(f"{base}/{entry}/type") as f:
-                kind = f.read().strip()
-            with open(f"{base}/{entry}/size") as f:
-                size = f.read().strip()
-        except OSError:
+            level, kind, size = read(entry, "level"), read(entry, "type"), read(entry, "size")
+            multiplier = {"K": 1024, "M": 1024**2}.get(size[-1], 1)
+            size_bytes = int(size.rstrip("KM")) * multiplier
+            ways, line = int(read(entry, "ways_of_associativity", "0")), int(read(entry, "coherency_line_size", "0"))
+        except (OSError, ValueError):
             continue
-        if kind == "Instruction":
-            continue
-        multiplier = {"K": 1024, "M": 1024**2}.get(size[-1], 1)
-        sizes[f"l{level}_bytes"] = int(size.rstrip("KM")) * multiplier
-    return sizes
+        if kind != "Instruction":
+            caches[int(level)] = (size_bytes, ways, line)
+    return caches
+
+
+def _cache_sizes() -> dict[str, int]:
+    return {f"l{level}_bytes": size for level, (size, _, _) in data_caches().items()}
 
 
 def device_descriptor(target: Any) -> dict[str, Any]:

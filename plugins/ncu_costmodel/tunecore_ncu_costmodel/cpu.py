@@ -90,23 +90,14 @@ def tensor_specs(args_info: Sequence) -> list[str]:
 
 @functools.lru_cache(maxsize=None)
 def cache_geometry() -> dict[str, tuple[int, int, int]]:
-    """(size, ways, line) of this machine's L1 data cache and L2 per core, from sysfs, in valgrind's terms
-    (its sets must be a power of two: a size that gives others is rounded down to one that does not)."""
+    """(size, ways, line) of this machine's L1 data cache and L2 per core, in valgrind's terms (its sets must be a
+    power of two: a size that gives others is rounded down to one that does)."""
+    from tunecore.targets import data_caches
+
     found: dict[str, tuple[int, int, int]] = {}
-    base = "/sys/devices/system/cpu/cpu0/cache"
-    for entry in sorted(os.listdir(base)) if os.path.isdir(base) else []:
-        def read(name: str) -> str:
-            with open(os.path.join(base, entry, name)) as f:
-                return f.read().strip()
-        try:
-            level, kind = read("level"), read("type")
-            size = read("size")
-            size_bytes = int(size.rstrip("KMG")) * {"K": 1024, "M": 1024**2, "G": 1024**3}.get(size[-1], 1)
-            ways, line = int(read("ways_of_associativity")), int(read("coherency_line_size"))
-        except (OSError, ValueError):
-            continue
-        if kind != "Instruction" and level in ("1", "2"):
-            sets = max(1, size_bytes // (ways * line))
+    for level, (size, ways, line) in data_caches().items():
+        if level in (1, 2) and ways and line:
+            sets = max(1, size // (ways * line))
             sets = 1 << (sets.bit_length() - 1)
             found[f"L{level}"] = (sets * ways * line, ways, line)
     found.setdefault("L1", (32768, 8, 64))
@@ -241,5 +232,7 @@ def check_tools() -> None:
 
 def target_facts(target_json: str) -> tuple[int, str]:
     """(cores, mcpu) of an llvm target in JSON."""
+    from tunecore.targets import physical_cores
+
     target: dict[str, Any] = json.loads(target_json)
-    return int(target.get("num-cores") or os.cpu_count() or 1), str(target.get("mcpu", ""))
+    return int(target.get("num-cores") or physical_cores()), str(target.get("mcpu", ""))
