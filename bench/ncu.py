@@ -63,23 +63,19 @@ def chance_recall(parts: Split, k: int) -> float:
 
 def stage_a_r2(dataset: Dataset, parts: Split, seed: int) -> dict[str, float]:
     """R^2 of stage A's predicted log(metric per FLOP) on the held-out tasks' profiled programs."""
-    import xgboost as xgb
-    from tunecore_ncu_costmodel.model import NcuModel, device_row
+    from tunecore_ncu_costmodel.model import NcuModel
 
     model = NcuModel(seed=seed)
     model.update_all([(t, c, r) for t, c, r, _ in measured_groups(dataset, parts.train)])
     predicted, measured = [], []
     for task, candidates, results, device in measured_groups(dataset, parts.test):
-        static = np.stack(model._static(task, candidates))
-        log_flops = np.log(max(task.flops, 1.0))
-        x = np.concatenate([static, np.full((len(candidates), 1), log_flops),
-                            np.repeat(device_row(device)[None, :], len(candidates), axis=0)], axis=1)
-        predicted.append(np.stack([model.stage_a[n].predict(xgb.DMatrix(x)) for n in model.metric_names], axis=1))
-        measured.append(model._metric_matrix([(r.profile, log_flops) for r in results]))
+        model.device = device
+        predicted.append(model.predicted_metrics(task, candidates))
+        measured.append(model.metric_matrix([(r.profile, np.log(max(task.flops, 1.0))) for r in results]))
     p, m = np.concatenate(predicted), np.concatenate(measured)
     out = {}
     for j, name in enumerate(model.metric_names):
-        ok = ~np.isnan(m[:, j])
+        ok = ~np.isnan(m[:, j]) & ~np.isnan(p[:, j])
         residual = np.sum((m[ok, j] - p[ok, j]) ** 2)
         total = np.sum((m[ok, j] - m[ok, j].mean()) ** 2)
         out[name] = round(float(1 - residual / total), 3) if total > 0 else None

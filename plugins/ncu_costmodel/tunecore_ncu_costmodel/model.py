@@ -48,6 +48,13 @@ def is_feature_metric(name: str) -> bool:
     return name.startswith(("cpu.", "mca."))
 
 
+def feature_metrics(profile: dict[str, float] | None) -> dict[str, float] | None:
+    """The entries of a profile the model learns from; None for no profile or a failed one."""
+    if not profile or any(k.endswith(".failed") for k in profile):
+        return None
+    return {k: v for k, v in profile.items() if is_feature_metric(k)} or None
+
+
 def device_row(device: dict[str, Any] | None) -> np.ndarray:
     """The device's attributes (tunecore.features.device_features); zeros for a device it cannot describe."""
     try:
@@ -112,10 +119,7 @@ class NcuModel(CostModel):
     def _metrics_of(self, task: Task, candidate: Candidate, profile: dict[str, float] | None) -> dict | None:
         if self.oracle is not None:
             return self.oracle.get((task.workload_hash, candidate.key))
-        if not profile or any(k.endswith(".failed") for k in profile):
-            return None
-        found = {k: v for k, v in profile.items() if is_feature_metric(k)}
-        return found or None
+        return feature_metrics(profile)
 
     # learning
 
@@ -157,17 +161,16 @@ class NcuModel(CostModel):
             self.stage_a = {}
             inputs = self._stage_b_inputs(None, static, log_flops, devices, static_only=True)
         elif self.oracle is not None:
-            metrics = self._metric_matrix([(self.programs[k][4], self.programs[k][1]) for k in keys])
+            metrics = self.metric_matrix([(self.programs[k][4], self.programs[k][1]) for k in keys])
             inputs = self._stage_b_inputs(metrics, static, log_flops, devices)
             measured &= ~np.isnan(metrics).all(axis=1)
         else:
-            a_x = np.concatenate([static, log_flops[:, None], devices], axis=1)
-            predicted = self._stage_a_predictions(keys, a_x, profiled)
+            predicted = self._stage_a_predictions(keys, _stage_a_inputs(static, log_flops, devices), profiled)
             inputs = self._stage_b_inputs(predicted, static, log_flops, devices)
         dtrain = xgb.DMatrix(inputs[measured], label=np.log(latency[measured]))
         self.stage_b = xgb.train(self.params, dtrain, num_boost_round=self.rounds)
 
-    def _metric_matrix(self, entries: Sequence[tuple[dict | None, float]]) -> np.ndarray:
+    def metric_matrix(self, entries: Sequence[tuple[dict | None, float]]) -> np.ndarray:
         """Per (metrics, log FLOPs), each metric as a feature (``_per_flop``); NaN where unknown."""
         out = np.full((len(entries), len(self.metric_names)), np.nan, dtype=np.float32)
         for i, (metrics, log_flops) in enumerate(entries):
@@ -179,20 +182,39 @@ class NcuModel(CostModel):
     def _stage_a_predictions(self, keys: list, x: np.ndarray, profiled: list[int]) -> np.ndarray:
         """Stage A's predictions for every program: out-of-fold for the profiled ones, from the full models for the
         rest. Stage A is refitted only when the profiled programs changed (in a run, most rounds profile none)."""
-        import xgboost as xgb
 
         fitted_on = (frozenset(keys[i] for i in profiled), tuple(self.metric_names))
         if fitted_on != self._stage_a_fitted_on:
             self._fit_stage_a([keys[i] for i in profiled], x[profiled])
             self._stage_a_fitted_on = fitted_on
-        out = np.zeros((len(keys), len(self.metric_names)), dtype=np.float32)
+        out = self._stage_a_predict(x)
+        for i, key in enumerate(keys):
+            if key in self._out_of_fold:
+                out[i] = self._out_of_fold[key]
+        return out
+
+    def _stage_a_predict(self, x: np.ndarray) -> np.ndarray:
+        """Stage A's prediction of every metric (as ``_per_flop`` features) for rows of ``_stage_a_inputs``."""
+        import xgboost as xgb
+
+        out = np.zeros((len(x), len(self.metric_names)), dtype=np.float32)
         data = xgb.DMatrix(x)
         for j, name in enumerate(self.metric_names):
             if name in self.stage_a:
                 out[:, j] = self.stage_a[name].predict(data)
-        for i, key in enumerate(keys):
-            if key in self._out_of_fold:
-                out[i] = self._out_of_fold[key]
+        return out
+
+    def predicted_metrics(self, task: Task, candidates: Sequence[Candidate]) -> np.ndarray:
+        """Stage A's prediction of every metric in ``metric_names`` (as log count per FLOP) for programs on
+        ``self.device``, one row per candidate; NaN for a program without static features."""
+        static_rows = self._static(task, candidates)
+        valid = [i for i, r in enumerate(static_rows) if r is not None]
+        out = np.full((len(candidates), len(self.metric_names)), np.nan, dtype=np.float32)
+        if valid:
+            static = np.stack([static_rows[i] for i in valid])
+            log_flops = np.full(len(valid), math.log(max(task.flops, 1.0)), dtype=np.float32)
+            devices = np.repeat(device_row(self.device)[None, :], len(valid), axis=0)
+            out[valid] = self._stage_a_predict(_stage_a_inputs(static, log_flops, devices))
         return out
 
     def _fit_stage_a(self, keys: list, x: np.ndarray) -> None:
@@ -200,7 +222,7 @@ class NcuModel(CostModel):
         so that out-of-fold means "on a task stage A has not seen"; by program when there are fewer tasks)."""
         import xgboost as xgb
 
-        targets = self._metric_matrix([(self.programs[k][4], self.programs[k][1]) for k in keys])
+        targets = self.metric_matrix([(self.programs[k][4], self.programs[k][1]) for k in keys])
         task_ids = sorted({task_id for task_id, _ in keys})
         if len(task_ids) >= self.folds:
             index = {t: i for i, t in enumerate(task_ids)}
@@ -254,15 +276,11 @@ class NcuModel(CostModel):
         if not self.stage_b_metrics:
             inputs = self._stage_b_inputs(None, static, log_flops, devices, static_only=True)
         elif self.oracle is not None:
-            metrics = self._metric_matrix([(self.oracle.get((task.workload_hash, candidates[i].key)), log_flops[0])
+            metrics = self.metric_matrix([(self.oracle.get((task.workload_hash, candidates[i].key)), log_flops[0])
                                            for i in valid])
             inputs = self._stage_b_inputs(metrics, static, log_flops, devices)
         else:
-            x = xgb.DMatrix(np.concatenate([static, log_flops[:, None], devices], axis=1))
-            metrics = np.zeros((len(valid), len(self.metric_names)), dtype=np.float32)
-            for j, name in enumerate(self.metric_names):
-                if name in self.stage_a:
-                    metrics[:, j] = self.stage_a[name].predict(x)
+            metrics = self._stage_a_predict(_stage_a_inputs(static, log_flops, devices))
             inputs = self._stage_b_inputs(metrics, static, log_flops, devices)
         predicted = np.exp(self.stage_b.predict(xgb.DMatrix(inputs)))
         if self.oracle is not None and self.stage_b_metrics:
@@ -308,6 +326,11 @@ class NcuModel(CostModel):
         self.stage_b = booster(saved["stage_b"])
 
 
+def _stage_a_inputs(static: np.ndarray, log_flops: np.ndarray, devices: np.ndarray) -> np.ndarray:
+    """Stage A's features: the programs' static rows, log FLOPs and the device's attributes."""
+    return np.concatenate([static, log_flops[:, None], devices], axis=1)
+
+
 def _per_flop(value: float, log_flops: float, name: str) -> float:
     """A metric as a feature: log(count per FLOP); rates and ratios that are not counts stay log-scaled only."""
     if name.startswith("mca.") or name.startswith(("ncu.launch__", "ncu.device__")):
@@ -336,7 +359,7 @@ def _oracle_metrics(path: str) -> dict[tuple[str, str], dict[str, float]]:
 
     out = {}
     for row in Dataset.load(path).rows:
-        metrics = {k: v for k, v in row.profile.items() if is_feature_metric(k)}
-        if metrics and not any(k.endswith(".failed") for k in row.profile):
+        metrics = feature_metrics(row.profile)
+        if metrics:
             out[row.task_key, row.program_key] = metrics
     return out

@@ -153,6 +153,7 @@ def profile_dataset(path: str, *, limit: int, per_task: int | None = None, workl
     try:
         for rows in batches:
             target = rows[0].target
+            cores, mcpu = cpu.target_facts(target)
             builder = builders.get(target) or builders.setdefault(target, LocalBuilder(target_from_json(target)))
             mods, built = [], []
             for row in rows:
@@ -167,7 +168,6 @@ def profile_dataset(path: str, *, limit: int, per_task: int | None = None, workl
                 if not isinstance(artifact, Artifact):
                     _failed(row, counts)
                     continue
-                cores, mcpu = cpu.target_facts(target)
                 future = workers.submit(cpu.profile_library, artifact.path, dataset.tasks[row.task_key].args,
                                         threads=cores, mcpu=mcpu, latency=row.latency, timeout=timeout)
                 futures[future] = row, artifact
