@@ -1,6 +1,7 @@
-"""The ncu_costmodel plugin: ncu's CSV layouts (synthetic fixtures: no GPU here), the CPU profiler on real
-kernels (the harness agrees with TVM's runtime, counts are deterministic), missing tools, the dataset command,
-and `ncu` as the cost model of a run."""
+"""The ncu_costmodel plugin: ncu's CSV layouts (real ncu 2025.3 output of TVM kernels on an H100, made by
+scripts/capture_ncu_fixtures.py, and synthetic fixtures for older versions' units and locales), the CPU
+profiler on real kernels (the harness agrees with TVM's runtime, counts are deterministic), missing tools, the
+dataset command, and `ncu` as the cost model of a run."""
 
 from __future__ import annotations
 
@@ -66,6 +67,12 @@ def test_numbers_and_units():
     assert ncu_csv.to_base(2.0, "Mbyte/second") == pytest.approx(2e6)
     assert ncu_csv.to_base(2.0, "Kbyte/usecond") == pytest.approx(2e9)
     assert ncu_csv.to_base(41.2, "%") == 41.2
+    # ncu 2025.3's spellings: time in "ns" even with --print-units base, "s" in rates, per-block sizes
+    assert ncu_csv.to_base(19264, "ns") == pytest.approx(19.264e-6)
+    assert ncu_csv.to_base(19.392, "us") == pytest.approx(19.392e-6)
+    assert ncu_csv.to_base(27.485149, "Gbyte/s") == pytest.approx(27.485149e9)
+    assert ncu_csv.to_base(7.936, "Kbyte/block") == pytest.approx(7936)
+    assert ncu_csv.to_base(64, "register/thread") == 64 and ncu_csv.to_base(132, "SM") == 132
 
 
 def test_one_candidate_sums_its_kernels_and_the_label_never_becomes_a_feature():
@@ -75,6 +82,99 @@ def test_one_candidate_sums_its_kernels_and_the_label_never_becomes_a_feature():
     features = {k for k in metrics if is_feature_metric(k)}
     assert "ncu.dram__bytes_read.sum" in features and "ncu.launch__grid_size" in features
     assert not features & {"ncu.gpu__time_duration.sum", "ncu.dram__bytes.sum.per_second", "ncu.kernels"}
+
+
+# --- real ncu output (Nsight Compute 2025.3.1, H100, driver 580.159.04) of three TVM kernels, each launched
+# twice: a 256^3 fp32 matmul (dlight), a 1024x1024 row sum (dlight), a 3x3 conv2d 14x14x256->256 (MetaSchedule)
+
+REAL_LAUNCHES = [("0", "matmul_kernel"), ("1", "matmul_kernel"), ("2", "row_sum_kernel"), ("3", "row_sum_kernel"),
+                 ("4", "conv2d_kernel"), ("5", "conv2d_kernel")]
+FFMA = "smsp__sass_thread_inst_executed_op_ffma_pred_on.sum"
+FADD = "smsp__sass_thread_inst_executed_op_fadd_pred_on.sum"
+# TVM's launch configuration of each kernel: (grid size, block size)
+REAL_LAUNCH = {"matmul_kernel": (32, 128), "row_sum_kernel": (1024, 1024), "conv2d_kernel": (16, 196)}
+
+
+def test_real_raw_page_in_base_units_gives_every_study_metric_of_every_launch():
+    """What the profiler reads (ncu --csv --page raw --print-units base --metrics STUDY_METRICS,...)."""
+    kernels = ncu_csv.parse(_fixture("real_h100_raw.csv"))
+    assert [(k.id, k.kernel) for k in kernels] == REAL_LAUNCHES
+    for k in kernels:
+        assert all(name in k.metrics for name in ncu_csv.STUDY_METRICS), k.kernel
+        assert all(np.isfinite(v) for v in k.metrics.values())
+        assert (k.metrics["launch__grid_size"], k.metrics["launch__block_size"]) == REAL_LAUNCH[k.kernel]
+        assert k.metrics["device__attribute_multiprocessor_count"] == 132
+        assert "device__attribute_display_name" not in k.metrics  # "NVIDIA H100 80GB HBM3": not a number
+        assert 1e-6 < k.metrics["gpu__time_duration.sum"] < 1e-3  # "ns" -> seconds
+        # bytes / seconds == the rate ncu gives in byte/s: both in base units
+        assert k.metrics["dram__bytes.sum"] / k.metrics["gpu__time_duration.sum"] == pytest.approx(
+            k.metrics["dram__bytes.sum.per_second"], rel=1e-3)
+    matmul, _, row_sum, _, conv2d, _ = (k.metrics for k in kernels)
+    # one FFMA per multiply-add, no padding work: M*N*K, and N*H*W*CO*KH*KW*CI
+    assert matmul[FFMA] == 256 ** 3 and matmul[FADD] == 0
+    assert conv2d[FFMA] == 14 * 14 * 256 * 3 * 3 * 256
+    # the row sum's adds: 10 per thread (a serial add, then shuffles) and 32 per block, 1024 blocks of 1024
+    assert row_sum[FFMA] == 0 and row_sum[FADD] == 1024 * (10 * 1024 + 32)
+    assert matmul["gpu__time_duration.sum"] == pytest.approx(19.264e-6)  # "19,264" ns
+    assert matmul["launch__shared_mem_per_block"] == 7936  # 6,912 static + 1,024 the driver reserves
+    # A and B come from DRAM once (2 x 256 KiB); C stays in the 50 MiB L2
+    assert 2 * 256 * 256 * 4 <= matmul["dram__bytes_read.sum"] < 1.1 * 2 * 256 * 256 * 4
+    assert matmul["dram__bytes_write.sum"] == 0
+    assert row_sum["dram__bytes_read.sum"] >= 1024 * 1024 * 4
+    assert conv2d["smsp__sass_inst_executed_op_shared_ld.sum"] > 0 and matmul["smsp__inst_executed.sum"] == 657792
+
+
+def test_real_raw_page_in_auto_units_agrees_with_base_units():
+    """--print-units auto: us, Kbyte, Mbyte, Gbyte/s, Kbyte/block, printed with 6 decimals and no separators."""
+    base = ncu_csv.parse(_fixture("real_h100_raw.csv"))
+    auto = ncu_csv.parse(_fixture("real_h100_raw_auto.csv"))
+    assert [(k.id, k.kernel) for k in auto] == REAL_LAUNCHES
+    for b, a in zip(base, auto):
+        for name in ("launch__grid_size", "launch__shared_mem_per_block", FFMA, FADD, "smsp__inst_executed.sum",
+                     "device__attribute_l2_cache_size"):
+            assert a.metrics[name] == pytest.approx(b.metrics[name], rel=1e-6), name
+        # timed in another run of the program: the same within the noise
+        assert a.metrics["gpu__time_duration.sum"] == pytest.approx(b.metrics["gpu__time_duration.sum"], rel=0.2)
+        assert a.metrics["dram__bytes_read.sum"] == pytest.approx(b.metrics["dram__bytes_read.sum"], rel=0.05)
+    assert auto[0].metrics["dram__bytes_read.sum"] == 532992  # "0.532992" Mbyte
+    assert auto[0].metrics["gpu__time_duration.sum"] == pytest.approx(19.136e-6)  # "19.136000" us
+
+
+def test_real_details_page_keeps_metric_rows_shorter_than_the_header_and_skips_rule_rows():
+    """The default set: metric rows end after "Metric Value" (16 fields against a 20-column header)."""
+    kernels = ncu_csv.parse(_fixture("real_h100_details.csv"))
+    assert [(k.id, k.kernel) for k in kernels] == REAL_LAUNCHES
+    for k in kernels:
+        assert len(k.metrics) == 47 and "" not in k.metrics
+        assert (k.metrics["Grid Size"], k.metrics["Block Size"]) == REAL_LAUNCH[k.kernel]
+        assert 1e-6 < k.metrics["Duration"] < 1e-3
+        assert 1e9 < k.metrics["DRAM Frequency"] < 1e10  # "hz"
+    matmul = kernels[0].metrics
+    assert matmul["Duration"] == pytest.approx(19.072e-6)  # "19,072" ns
+    assert matmul["Registers Per Thread"] == 64 and matmul["Static Shared Memory Per Block"] == 6912
+
+
+def test_real_details_page_of_the_asked_metrics_matches_the_raw_page():
+    """--page details --metrics: the "Command line profiler metrics" section, no rule columns; cut to one
+    launch of each kernel."""
+    kernels = ncu_csv.parse(_fixture("real_h100_details_metrics.csv"))
+    assert [(k.id, k.kernel) for k in kernels] == REAL_LAUNCHES[::2]
+    raw = ncu_csv.parse(_fixture("real_h100_raw.csv"))[::2]
+    for k, r in zip(kernels, raw):
+        assert set(ncu_csv.STUDY_METRICS) <= set(k.metrics)
+        assert k.metrics[FFMA] == r.metrics[FFMA] and k.metrics["launch__block_size"] == r.metrics["launch__block_size"]
+
+
+def test_one_candidate_of_real_launches_leaves_out_ncus_bookkeeping():
+    kernels = ncu_csv.parse(_fixture("real_h100_raw.csv"))
+    assert "profiler__replayer_passes" in kernels[0].metrics
+    metrics = ncu_csv.candidate_metrics(kernels[:2])  # the matmul's two launches
+    assert not any(k.startswith("ncu.profiler__") for k in metrics)
+    assert metrics["ncu.kernels"] == 2 and metrics[f"ncu.{FFMA}"] == 2 * 256 ** 3
+    assert metrics["ncu.launch__grid_size"] == 32 and metrics["ncu.device__attribute_multiprocessor_count"] == 132
+    features = {k for k in metrics if is_feature_metric(k)}
+    assert f"ncu.{FFMA}" in features and "ncu.dram__bytes_read.sum" in features
+    assert not features & {"ncu.gpu__time_duration.sum", "ncu.dram__bytes.sum.per_second", "ncu.sm__cycles_elapsed.avg"}
 
 
 def test_text_without_a_csv_header_is_refused():

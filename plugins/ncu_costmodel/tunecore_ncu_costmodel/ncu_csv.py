@@ -3,11 +3,14 @@
 - the default *details* page (``ncu --csv``): long, one row per kernel x section x metric, with columns
   "Metric Name", "Metric Unit", "Metric Value"; newer versions add rule columns, and rule rows have no metric;
 - the *raw* page (``ncu --csv --page raw``, or ``ncu -i REPORT --csv --page raw``): wide, one row per kernel
-  launch, one column per metric, and a second row with the units.
+  launch, one column per metric, and a second row with the units. ncu 2025.3 writes every rollup of each asked
+  metric (.avg/.max/.min/.sum), all device__attribute_*, launch__* and profiler__* columns, asked for or not.
 
 Both may be preceded by ``==PROF==`` lines and the profiled program's own output; values may carry thousands
-separators ("1,215,000.00", or "1.215.000,00" in some locales) or be "n/a"; units auto-scale (usecond, Kbyte,
-Gbyte/second) unless ``--print-units base`` was given. Each kernel is keyed by (ID, Kernel Name).
+separators ("1,215,000.00", or "1.215.000,00" in some locales) or be "n/a"; units auto-scale (us, Kbyte,
+Gbyte/s; "usecond", "Gbyte/second" in older versions) unless ``--print-units base`` was given, and even then
+the base unit of time is "ns". Each kernel is keyed by (ID, Kernel Name).
+Checked against ncu 2025.3.1 on an H100 (tests/fixtures/real_h100_*.csv, scripts/capture_ncu_fixtures.py).
 """
 
 from __future__ import annotations
@@ -32,15 +35,18 @@ STUDY_METRICS = (
     "launch__occupancy_limit_shared_mem", "launch__occupancy_limit_warps",
     # loads and stores
     "dram__bytes_read.sum", "dram__bytes_write.sum", "dram__sectors_read.sum", "dram__sectors_write.sum",
-    "sass__inst_executed_shared_loads", "sass__inst_executed_shared_stores", "smsp__inst_executed_op_ldsm.sum",
+    # the study's sass__inst_executed_{shared,global}_{loads,stores} are gone: ncu 2025.3 accepts the names but
+    # reports "n/a" (details page) or leaves them out (raw page) on an H100; these count the same instructions
+    "smsp__sass_inst_executed_op_shared_ld.sum", "smsp__sass_inst_executed_op_shared_st.sum",
+    "smsp__inst_executed_op_ldsm.sum",
     "smsp__inst_executed_op_shared_atom.sum", "smsp__inst_executed_op_global_red.sum",
     # shared-memory bank conflicts
     "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum", "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_atom.sum",
     "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
     "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum",
     # instructions and caches
-    "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum", "sass__inst_executed_global_loads",
-    "sass__inst_executed_global_stores", "smsp__sass_inst_executed_op_memory_128b.sum",
+    "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum", "smsp__sass_inst_executed_op_global_ld.sum",
+    "smsp__sass_inst_executed_op_global_st.sum", "smsp__sass_inst_executed_op_memory_128b.sum",
     "smsp__sass_inst_executed_op_memory_16b.sum", "smsp__sass_inst_executed_op_memory_32b.sum",
     "smsp__sass_inst_executed_op_memory_64b.sum", "sm__sass_inst_executed_op_ldgsts_cache_bypass.sum",
     "lts__t_sectors_srcunit_tex_op_read_lookup_hit.sum", "lts__t_sectors_srcunit_tex_op_read_lookup_miss.sum",
@@ -49,11 +55,12 @@ STUDY_METRICS = (
     "gpu__time_duration.sum",
 )
 
-# prefix -> factor, for a unit's scaled forms (Kbyte, usecond, Gbyte/second, Mcycle, ...)
+# prefix -> factor, for a unit's scaled forms (Kbyte, us, Gbyte/s, Mcycle, ...)
 _PREFIX = {"n": 1e-9, "u": 1e-6, "m": 1e-3, "": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
-_BASE_UNITS = ("byte", "second", "cycle", "inst", "sector", "request", "warp", "block", "thread", "register",
-               "hz", "Hz", "wavefront")
-_UNIT = re.compile(r"^(n|u|m|K|M|G|T)?(" + "|".join(_BASE_UNITS) + r")s?(/(n|u|m|K|M|G|T)?second)?$")
+_TIME = ("second", "s")  # ncu 2025 writes "ns", "us", "Gbyte/s"; older versions "usecond", "Gbyte/second"
+_BASE_UNITS = _TIME + ("byte", "cycle", "inst", "sector", "request", "warp", "block", "thread", "register",
+                       "hz", "Hz", "wavefront", "pass")
+_UNIT = re.compile(r"^(n|u|m|K|M|G|T)?(" + "|".join(_BASE_UNITS) + r")s?$")
 _LONG_COLUMNS = ("Metric Name", "Metric Value")
 
 
@@ -94,13 +101,16 @@ def number(text: str) -> float | None:
 
 
 def to_base(value: float, unit: str) -> float:
-    """A value in ``unit`` (auto-scaled by ncu) in its base unit; unknown units (%, ratios) unchanged."""
-    match = _UNIT.match(unit.strip())
+    """A value in ``unit`` (auto-scaled by ncu) in its base unit (time in seconds, so ncu's base "ns" too);
+    unknown units (%, SM, ratios) unchanged."""
+    numerator, _, denominator = unit.strip().partition("/")
+    match = _UNIT.match(numerator)
     if not match:
         return value
     factor = _PREFIX[match.group(1) or ""]
-    if match.group(3):  # a rate: per scaled second
-        factor /= _PREFIX[match.group(4) or ""]
+    per = _UNIT.match(denominator)
+    if per and per.group(2) in _TIME:  # a rate: per scaled second; per block, per thread: the numerator alone
+        factor /= _PREFIX[per.group(1) or ""]
     return value * factor
 
 
@@ -124,8 +134,11 @@ def parse(text: str) -> list[KernelProfile]:
 
     if all(name in column for name in _LONG_COLUMNS):
         unit_column = column.get("Metric Unit")
+        width = max(column[name] for name in _LONG_COLUMNS) + 1
         for row in body:
-            if len(row) < len(header) or not row[column["Metric Name"]]:
+            # metric rows stop after "Metric Value" when the header has rule columns (ncu 2025.3), so only as
+            # wide as that column is needed
+            if len(row) < width or not row[column["Metric Name"]]:
                 continue  # a rule row, or a line the program printed
             value = number(row[column["Metric Value"]])
             profile = kernel(row)
@@ -156,10 +169,14 @@ def is_time_derived(metric: str) -> bool:
 
 def candidate_metrics(kernels: list[KernelProfile]) -> dict[str, float]:
     """One candidate's profile: its kernels' counts summed (a TVM function may launch several), launch and
-    device attributes from the first, each under ``ncu.<metric>``."""
+    device attributes from the first, each under ``ncu.<metric>``. ncu's own bookkeeping (profiler__*: replay
+    passes, bytes it saved and restored), which the raw page adds unasked, describes the profiling, not the
+    program: left out."""
     out: dict[str, float] = {}
     for index, profile in enumerate(kernels):
         for name, value in profile.metrics.items():
+            if name.startswith("profiler__"):
+                continue
             key = f"ncu.{name}"
             if name.startswith(("launch__", "device__")):
                 if index == 0:
