@@ -1,17 +1,21 @@
-"""End to end: the same networks run by PyTorch, onnxruntime, TVM untuned and TVM tuned by tunecore.
+"""End to end: the same networks run by PyTorch, onnxruntime, TVM untuned, and TVM tuned by tunecore and by
+MetaSchedule for the same time.
 
 One definition per network: ResNet-18 / MobileNetV2 in plain torch (bench/torch_nets.py) or
 transformers' BERT-base (sequence length 128), with seeded random weights, exported to ONNX. PyTorch
 runs the module (eager, and `torch.compile` where it works here); onnxruntime and TVM run the ONNX
-file, which tunecore tunes with `tunecore run --model NET.onnx` (a child process, timed) and builds
-with the best records like `tunecore compile`. Every variant's output is checked against PyTorch's;
-all variants use the target's core count as threads and are timed in one process, in alternating
-passes (a pass: calls for at least 0.3 s, median), the latency is the median over passes.
+file. tunecore tunes it with `tunecore run --model NET.onnx --time-budget T` and MetaSchedule with its own
+`tune_relax` on the same tasks for the same wall time T (each a child process; MetaSchedule's is stopped at
+T, its database keeps what it committed); both are built the same way, as `tunecore compile` builds.
+Every variant's output is checked against PyTorch's; all variants use the target's core count as threads
+and are timed in one process, in alternating passes (a pass: calls for at least 0.3 s, median), the latency
+is the median over passes. Then, for tunecore's build, where the time goes per layer (bench/e2e_gap.py).
 
-    .venv/bin/pip install -e ".[e2e]"   # torch==2.13.0 and onnxruntime; add transformers for bert-base
-    python bench/e2e.py [--models resnet-18,mobilenet-v2] [--search ansor] [--cost-model xgb] [--trials 1000]
+    .venv/bin/pip install -e ".[e2e]" transformers   # torch==2.13.0, onnxruntime; transformers for bert-base
+    python bench/e2e.py [--models resnet-18,mobilenet-v2,bert-base] [--time-budget 30m] [--trials N]
 
-Resumable: the ONNX files, stores and tuning times are kept in --work. Writes bench/results/e2e.{json,md}.
+Resumable: the ONNX files, stores, MetaSchedule databases and tuning times are kept in --work; an
+interrupted tuning resumes with the time it has left. Writes bench/results/e2e.{json,md}.
 """
 
 from __future__ import annotations
@@ -23,9 +27,11 @@ import tempfile
 import time
 from typing import Any, Callable
 
+import e2e_gap
 import numpy as np
 
 from tunecore import experiments
+from tunecore.cli.args import duration
 from tunecore.experiments import command_line, environment, write_results
 
 NETWORKS = ("resnet-18", "mobilenet-v2", "bert-base")
@@ -66,13 +72,21 @@ def export_onnx(model: Any, example: Any, path: str) -> None:
         os.replace(path + ".tmp", path)
 
 
-def tune(onnx_path: str, store: str, search: str, cost_model: str, trials: int, done_path: str) -> dict:
-    return experiments.cached_run(done_path, f"{onnx_path} {search} {cost_model} {trials}",
+def tune(onnx_path: str, store: str, search: str, cost_model: str, trials: int | None, seconds: float | None,
+         done_path: str) -> dict:
+    return experiments.cached_run(done_path, f"{onnx_path} {search} {cost_model} {trials} {seconds}",
                                   lambda: experiments.run_tunecore(onnx_path, trials, 0, search=search,
-                                                                   cost_model=cost_model, store=f"sqlite:{store}"))
+                                                                   cost_model=cost_model, store=f"sqlite:{store}",
+                                                                   time_budget=seconds, resume=True))
 
 
-def variants(name: str, model: Any, x: np.ndarray, onnx_path: str, store: str, threads: int) -> dict[str, Callable]:
+def tune_metaschedule(onnx_path: str, work_dir: str, seconds: float, done_path: str) -> dict:
+    return experiments.cached_run(done_path, f"{onnx_path} metaschedule {seconds}",
+                                  lambda: experiments.run_metaschedule_for(onnx_path, seconds, 0, work_dir))
+
+
+def variants(name: str, model: Any, x: np.ndarray, onnx_path: str, store: str, ms_work_dir: str | None,
+             threads: int) -> dict[str, Callable]:
     """name -> a function running one inference and returning the output as numpy (or raising)."""
     import onnxruntime as ort
     import torch
@@ -112,8 +126,11 @@ def variants(name: str, model: Any, x: np.ndarray, onnx_path: str, store: str, t
     target = resolve_target("llvm")
     workload = load_workload(onnx_path)
     builds = {"tvm untuned": lambda: (build(workload, target, ms.database.MemoryDatabase()), None),
-              "tvm tuned": lambda: experiments.build_from_store(workload, extract_tasks(workload, target), target,
-                                                                store)}
+              "tvm tuned by tunecore": lambda: experiments.build_from_store(workload, extract_tasks(workload, target),
+                                                                            target, store)}
+    if ms_work_dir:
+        builds["tvm tuned by MetaSchedule"] = lambda: (
+            build(workload, target, ms.database.JSONDatabase(work_dir=ms_work_dir)), None)
     for label, make in builds.items():
         try:  # a build that fails is a result of the benchmark
             executable, covered = make()
@@ -164,11 +181,17 @@ def main() -> None:
     parser.add_argument("--models", default="resnet-18,mobilenet-v2")
     parser.add_argument("--search", default="ansor")
     parser.add_argument("--cost-model", default="xgb")
-    parser.add_argument("--trials", type=int, default=1000)
+    parser.add_argument("--time-budget", type=duration, default=1800.0, metavar="DURATION",
+                        help="tuning time per network for each tuner (default: 30m)")
+    parser.add_argument("--trials", type=int, default=None, help="also stop tunecore at this many trials")
+    parser.add_argument("--tuners", default="tunecore,metaschedule")
     parser.add_argument("--passes", type=int, default=5)
     parser.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "tunecore-bench-e2e"))
     args = parser.parse_args()
     models = args.models.split(",")
+    tuners = args.tuners.split(",")
+    if not set(tuners) <= {"tunecore", "metaschedule"}:
+        parser.error(f"--tuners: tunecore and/or metaschedule, not {args.tuners!r}")
     unknown = [m for m in models if m not in NETWORKS]
     if unknown:
         parser.error(f"--models: unknown network {unknown[0]!r}; known: {', '.join(NETWORKS)}")
@@ -190,15 +213,28 @@ def main() -> None:
         model, x = network(name)
         onnx_path = os.path.join(args.work, f"{name}.onnx")
         export_onnx(model, torch.from_numpy(x), onnx_path)
-        store = os.path.join(args.work, f"{name}-{args.search}-{args.cost_model}-{args.trials}.db")
-        tuning = tune(onnx_path, store, args.search, args.cost_model, args.trials, done_path)
-        functions = variants(name, model, x, onnx_path, store, threads)
+        label = f"{name}-{args.search}-{args.cost_model}-{args.time_budget:g}s" + (
+            f"-{args.trials}" if args.trials else "")
+        store = os.path.join(args.work, f"{label}.db")
+        ms_work_dir = os.path.join(args.work, f"{name}-metaschedule-{args.time_budget:g}s")
+        tuning = {}
+        if "tunecore" in tuners:
+            tuning["tunecore"] = tune(onnx_path, store, args.search, args.cost_model, args.trials, args.time_budget,
+                                      done_path)
+        if "metaschedule" in tuners:
+            tuning["MetaSchedule"] = tune_metaschedule(onnx_path, ms_work_dir, args.time_budget, done_path)
+        functions = variants(name, model, x, onnx_path, store, ms_work_dir if "metaschedule" in tuners else None,
+                             threads)
         with torch.inference_mode():
             reference = model(torch.from_numpy(x)).numpy()
         print(f"timing {name} ...", file=sys.stderr, flush=True)
         networks[name] = {"tuning": tuning, "variants": check_and_time(functions, reference, args.passes)}
+        del functions
+        if "tunecore" in tuners:
+            networks[name]["gap"] = e2e_gap.analyse(onnx_path, store, runs=10)
 
     report = {"benchmark": "e2e", "search": args.search, "cost_model": args.cost_model, "trials": args.trials,
+              "time_budget_s": args.time_budget,
               "threads": threads, "passes": args.passes, "networks": networks, "environment": environment(),
               "versions": _versions(), "command": command_line("e2e.py")}
     write_results(args.out, "e2e", report, markdown(report))
@@ -218,24 +254,38 @@ def _versions() -> dict[str, str]:
 
 def markdown(report: dict) -> str:
     env = report["environment"]
+    budget = f"{report['time_budget_s'] / 60:g} min"
     lines = [f"# End to end: {', '.join(report['networks'])}", "",
              f"CPU: {env['cpu']}, {report['threads']} threads for every variant; TVM {env['versions']['apache-tvm']}, "
              + ", ".join(f"{k} {v}" for k, v in report["versions"].items()) + f". Command: `{report['command']}`.", "",
-             f"tunecore: `--search {report['search']} --cost-model {report['cost_model']} --trials {report['trials']}` "
-             f"on the ONNX export. Latency: median of {report['passes']} alternating passes, all variants in "
-             "one process; outputs checked against PyTorch eager.", "",
-             "| network | variant | ms | vs PyTorch eager | max rel. error vs PyTorch |", "|---|---|---:|---:|---:|"]
+             f"Each network tuned for **{budget}** of wall time by each tuner, on the ONNX export: tunecore "
+             f"`--search {report['search']} --cost-model {report['cost_model']} "
+             f"--time-budget {report['time_budget_s']:g}`"
+             + (f" `--trials {report['trials']}`" if report["trials"] else "")
+             + "; MetaSchedule's `tune_relax` (evolutionary, xgb, 64 per iteration, builder timeout "
+             f"{experiments.BUILDER_TIMEOUT_S} s) on the same tasks, stopped at {budget}. Both built as `tunecore "
+             f"compile` builds (weights pre-packed). Latency: median of {report['passes']} alternating passes, all "
+             "variants in one process; outputs checked against PyTorch eager.", "",
+             "| network | variant | ms | vs PyTorch eager | vs onnxruntime | max rel. error vs PyTorch |",
+             "|---|---|---:|---:|---:|---:|"]
     for name, net in report["networks"].items():
         eager = net["variants"]["pytorch eager"].get("latency_ms")
+        ort = net["variants"].get("onnxruntime", {}).get("latency_ms")
         for variant, v in net["variants"].items():
             if "error" in v:
-                lines.append(f"| {name} | {variant} | failed: {v['error']} | - | - |")
-            else:
-                lines.append(f"| {name} | {variant} | {v['latency_ms']:.2f} | {eager / v['latency_ms']:.2f}x "
-                             f"| {v['max_relative_error']:.1g} |")
-        t = net["tuning"]
-        lines.append(f"| {name} | (tuning: {t['measured']} trials, {t['errors']} failed, {t['wall_s']:.0f} s) | | | |")
+                lines.append(f"| {name} | {variant} | failed: {v['error']} | - | - | - |")
+                continue
+            versus_ort = f"{ort / v['latency_ms']:.2f}x" if ort else "-"
+            lines.append(f"| {name} | {variant} | {v['latency_ms']:.2f} | {eager / v['latency_ms']:.2f}x "
+                         f"| {versus_ort} | {v['max_relative_error']:.1g} |")
+        for tuner, t in net["tuning"].items():
+            lines.append(f"| {name} | (tuning by {tuner}: {t['measured']} trials, {t['errors']} failed, "
+                         f"{t.get('elapsed_total_s', t['wall_s']):.0f} s) | | | | |")
     lines.append("")
+    for name, net in report["networks"].items():
+        if "gap" in net:
+            lines += [f"## {name}: where tunecore's build spends its time (bench/e2e_gap.py)", "",
+                      *e2e_gap.summary_lines(net["gap"]), *e2e_gap.layer_lines(net["gap"], limit=12)]
     return "\n".join(lines)
 
 

@@ -228,3 +228,41 @@ def test_rounds_grow_with_the_measurers_capacity(matmul_task, target):
               measurer=measurer).tune([matmul_task], 200)
         sizes.append(store.runs()[-1]["info"]["round_size"])
     assert sizes == [32, 100]  # 200 trials of one task: capped at 32 per device, else half the budget
+
+
+def test_a_time_budget_ends_the_run_and_counts_the_time_of_earlier_runs(matmul_task, target):
+    import time
+
+    class SlowMeasurer(InstantMeasurer):
+        def measure(self, task, candidates):
+            time.sleep(0.1)
+            return super().measure(task, candidates)
+
+    store = MemoryStore()
+
+    def tune(trials, seconds):
+        model = NoneModel()
+        return Tuner(search=RandomSearch(cost_model=model, store=store), cost_model=model, store=store,
+                     measurer=SlowMeasurer(target), round_size=2).tune([matmul_task], trials, time_budget=seconds)
+
+    first = tune(None, 0.5)
+    assert 2 <= first["trials_measured"] <= 12 and first["elapsed_s"] < 0.5 + 0.3  # at most one round over
+    assert first["time_budget_s"] == 0.5 and first["trials_requested"] is None
+    assert tune(None, 0.5)["trials_measured"] == 0  # spent by the first run
+    assert tune(None, 1.5)["trials_measured"] >= 2  # the difference
+    total = len(store.records(matmul_task.task_id))
+    assert tune(total + 3, 60.0)["trials_measured"] == 3  # trials end first
+
+
+def test_a_run_killed_before_its_summary_counts_up_to_its_last_record():
+    from tunecore.data import Record
+    from tunecore.tuner import tuned_seconds
+
+    def record(run_id, at):
+        return Record(task_id="t", key=f"{run_id}-{at}", trace_json="", run_secs=[1.0], error=None, trial=0,
+                      measured_at=at, run_id=run_id)
+
+    runs = [{"run_id": 1, "started_at": 100.0, "finished_at": 160.0},
+            {"run_id": 2, "started_at": 500.0, "finished_at": None},  # killed: its last record says how long
+            {"run_id": 3, "started_at": 900.0, "finished_at": None}]  # killed before its first commit
+    assert tuned_seconds(runs, [record(1, 150.0), record(2, 530.0), record(2, 520.0)]) == 60.0 + 30.0

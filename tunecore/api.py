@@ -28,7 +28,10 @@ class TuneConfig:
     """One tuning run, as ``tunecore run`` takes it; ``tunecore bench`` makes one per cell."""
 
     model: str  # zoo:<name> | op:<name> | a path to .onnx or to a Relax module .json
-    trials: int  # the workload's budget: records its runs put in the store, earlier runs included
+    # the workload's budget, whichever ends first, earlier runs included: records its runs put in the
+    # store, seconds its runs tuned (None: no limit of that kind; one of the two must be given)
+    trials: int | None = None
+    time_budget: float | None = None
     target: str | None = None  # as a user types it (llvm, cuda, a JSON dict, a tag); None: llvm
     search: str = "random"
     then: str | None = None  # per task, the search policy that spends what ``search`` leaves
@@ -126,8 +129,12 @@ def tune(
         config = TuneConfig(config, **fields)
     elif fields:
         config = dataclasses.replace(config, **fields)
-    if config.trials < 0:
+    if config.trials is None and config.time_budget is None:
+        raise UsageError("give --trials, --time-budget or both")
+    if config.trials is not None and config.trials < 0:
         raise UsageError("--trials must be >= 0")
+    if config.time_budget is not None and config.time_budget <= 0:
+        raise UsageError("--time-budget must be > 0")
     tvm_target = resolve_target(config.target)
     registry = Registry.shared()
     with components(tvm_target, config, registry) as (search, cost_model, store, measurer):
@@ -143,4 +150,4 @@ def tune(
                 "options": config.options}
         if config.run_key is not None:
             info["run_key"] = config.run_key
-        return tuner.tune(tasks, config.trials, info)
+        return tuner.tune(tasks, config.trials, info, time_budget=config.time_budget)

@@ -103,7 +103,7 @@ def curve(store_file: str, *, start_s: dict[str, float] | None = None, task_ids:
     counted) to those of the model's tasks.
     """
     from tunecore.store.sqlite import SqliteStore
-    from tunecore.tuner import run_key
+    from tunecore.tuner import run_key, tuned_seconds
 
     def matches(info: dict[str, Any]) -> bool:
         return all((run_key(info) if k == "run_key" else info.get(k)) == v for k, v in run_info.items())
@@ -119,14 +119,10 @@ def curve(store_file: str, *, start_s: dict[str, float] | None = None, task_ids:
     finally:
         store.close()
     weights = {t.task_id: t.weight for t in tasks}
-    last_at = {}
-    for r in records:
-        last_at[r.run_id] = max(last_at.get(r.run_id, 0.0), r.measured_at)
     offsets, elapsed = {}, 0.0
     for run_id in sorted(runs):
-        started = runs[run_id]["started_at"]
-        offsets[run_id] = elapsed - started
-        elapsed += (runs[run_id]["finished_at"] or last_at.get(run_id, started)) - started
+        offsets[run_id] = elapsed - runs[run_id]["started_at"]
+        elapsed += tuned_seconds([runs[run_id]], [r for r in records if r.run_id == run_id])
     best = {t: s for t, s in (start_s or {}).items() if t in weights}
     points: list[tuple[int, float, float]] = []
     records.sort(key=lambda r: (r.trial, r.measured_at))

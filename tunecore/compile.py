@@ -42,14 +42,50 @@ def best_database(store: RecordStore, tasks: list, target: Any) -> tuple[Any, in
 
 
 def build(workload: Workload, target: Any, database: Any) -> Any:
-    """An executable of the workload with the database's schedules (an empty database: untuned)."""
-    from tvm.s_tir import meta_schedule as ms
+    """An executable of the workload with the database's schedules (an empty database: untuned).
 
+    A network is built as MetaSchedule's compile_relax builds it, plus Ansor's layout rewrite: the weight
+    packing that a tuned kernel's RewriteLayout asks for is split out of the kernel and done once, at
+    compile time for weights bound as constants (ONNX), or by ``main_transform_params`` for weights passed
+    as parameters (zoo models; ``Runnable`` calls it once).
+    """
     if workload.is_network:
-        return ms.relax_integration.compile_relax(database, workload.mod, target, params=None)
+        return _build_network(workload.mod, target, database)
     from tvm.s_tir.meta_schedule.builder.local_builder import default_build
 
     return default_build(scheduled_operator(workload, target, database), target, None)
+
+
+def _build_network(mod: Any, target: Any, database: Any) -> Any:
+    import tvm
+    from tvm import relax
+
+    from tunecore.workloads import fusion_passes
+
+    @tvm.transform.module_pass(opt_level=3, name="TunecoreBuild")
+    def passes(mod: Any, _context: Any) -> Any:
+        return tvm.transform.Sequential([
+            *fusion_passes(target),  # as tasks were extracted, so the database's keys match
+            relax.transform.MetaScheduleApplyDatabase(),
+            relax.transform.SplitLayoutRewritePreproc(),
+            relax.transform.LiftTransformParams(),
+            relax.transform.FoldConstant(),
+            *_lowering_passes(target),
+        ])(mod)
+
+    with target, database, tvm.transform.PassContext(opt_level=3):
+        return relax.build(mod, target=target, relax_pipeline=passes)
+
+
+def _lowering_passes(target: Any) -> list:
+    from tvm.relax import pipeline
+
+    try:
+        return [*pipeline.dataflow_lower_passes(target), *pipeline.finalize_passes(target)]
+    except AttributeError:  # TVM 0.27's relax.backend.cpu_generic does not export dataflow_lower_passes
+        from tvm.relax.backend.cpu_generic import pipeline as cpu
+
+        return [*cpu.dataflow_lower_passes(target), *cpu.finalize_passes(target)]
 
 
 def scheduled_operator(workload: Workload, target: Any, database: Any) -> Any:
@@ -120,6 +156,12 @@ class Runnable:
         self.is_network = workload.is_network
         if self.is_network:
             self.vm = relax.VirtualMachine(executable, self.device)
+            attrs = workload.mod["main"].attrs
+            if "num_input" in attrs and self.vm.module.implements_function("main_transform_params"):
+                # weights packed once, as a deployment does after loading them
+                inputs_count = int(attrs["num_input"])
+                weights = self.vm["main_transform_params"](self.args[inputs_count:])
+                self.args = [*self.args[:inputs_count], *weights]
         else:
             self.module = executable
             self.output = self.args[-1]

@@ -42,13 +42,15 @@ def remove_sqlite(path: str) -> None:
             os.remove(path + suffix)
 
 
-def run_tunecore(model: str, trials: int, seed: int, *, search: str, cost_model: str, store: str,
-                 extra_args: list[str] = ()) -> dict:
-    """`tunecore run ... --json` in a child process; ``store`` is a --store URL (a sqlite file is emptied first);
-    ``extra_args`` go to `tunecore run` as they are (e.g. ["-O", "search.time_ratio=1"])."""
-    if store.startswith("sqlite:"):
+def run_tunecore(model: str, trials: int | None, seed: int, *, search: str, cost_model: str, store: str,
+                 extra_args: list[str] = (), time_budget: float | None = None, resume: bool = False) -> dict:
+    """`tunecore run ... --json` in a child process; ``store`` is a --store URL (a sqlite file is emptied first,
+    unless ``resume``); ``extra_args`` go to `tunecore run` as they are (e.g. ["-O", "search.time_ratio=1"])."""
+    if store.startswith("sqlite:") and not resume:
         remove_sqlite(store[len("sqlite:"):])
-    wall, out = run_timed([sys.executable, "-m", "tunecore.cli", "run", "--model", model, "--trials", str(trials),
+    budget = ([] if trials is None else ["--trials", str(trials)]) + (
+        [] if time_budget is None else ["--time-budget", f"{time_budget:g}"])
+    wall, out = run_timed([sys.executable, "-m", "tunecore.cli", "run", "--model", model, *budget,
                            "--search", search, "--cost-model", cost_model, "--measurer", "local", "--store", store,
                            "--seed", str(seed), "--json", *extra_args])
     summary = json.loads(out)
@@ -56,7 +58,7 @@ def run_tunecore(model: str, trials: int, seed: int, *, search: str, cost_model:
             "ok": summary["trials_measured"] - summary["errors"],
             "best_latency_s": summary["tasks"][0]["best_latency_s"],
             "estimated_latency_ms": summary["estimated_latency_ms"], "phase_s": summary.get("phase_s"),
-            "elapsed_s": summary["elapsed_s"], "tasks": summary["tasks"]}
+            "elapsed_s": summary["elapsed_s"], "elapsed_total_s": summary["elapsed_total_s"], "tasks": summary["tasks"]}
 
 
 def best_candidates(store_file: str, task, k: int) -> list:
@@ -82,20 +84,58 @@ def run_metaschedule(model: str, trials: int, seed: int, work_dir: str, *, strat
     return {"wall_s": wall, **json.loads(out.strip().splitlines()[-1]), "work_dir": work_dir}
 
 
+def run_metaschedule_for(model: str, seconds: float, seed: int, work_dir: str) -> dict:
+    """MetaSchedule tuning a network (``tune_relax``) for ``seconds`` of wall time, in a child process that is
+    stopped then: its JSON database keeps every record committed so far. Resumable: the seconds of earlier
+    attempts are kept in ``work_dir`` and count."""
+    import signal
+
+    os.makedirs(work_dir, exist_ok=True)
+    spent_path = os.path.join(work_dir, "tuning_seconds")
+    spent = float(open(spent_path).read()) if os.path.exists(spent_path) else 0.0
+    if seconds - spent > 1:
+        started = time.perf_counter()
+        with open(os.path.join(work_dir, "child.log"), "a") as log:
+            child = subprocess.Popen([sys.executable, "-m", "tunecore.experiments", "--_metaschedule", model,
+                                      str(10**6), str(seed), work_dir, "evolutionary", str(BUILDER_TIMEOUT_S)],
+                                     stdout=log, stderr=log, start_new_session=True)
+            while child.poll() is None and time.perf_counter() - started < seconds - spent:
+                time.sleep(min(10.0, max(0.1, seconds - spent - (time.perf_counter() - started))))
+                with open(spent_path, "w") as f:  # a killed bench resumes with what is left
+                    f.write(str(spent + time.perf_counter() - started))
+            if child.poll() is None:  # the whole group: MetaSchedule's builder and runner processes too
+                os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+        spent += time.perf_counter() - started
+        with open(spent_path, "w") as f:
+            f.write(str(spent))
+    from tvm.s_tir import meta_schedule as ms
+
+    records = ms.database.JSONDatabase(work_dir=work_dir).get_all_tuning_records()
+    ok = [r for r in records if r.run_secs and all(float(s) < 1e9 for s in r.run_secs)]
+    return {"wall_s": spent, "measured": len(records), "errors": len(records) - len(ok), "work_dir": work_dir}
+
+
 def _metaschedule_child(model: str, trials: int, seed: int, work_dir: str, strategy: str,
                         builder_timeout: float) -> None:
-    """Tune with MetaSchedule; print a JSON line with what got measured (best = lowest mean, MetaSchedule's ranking)."""
+    """Tune with MetaSchedule (a network: ``tune_relax`` on the tasks tunecore extracts, fused and marked the
+    same way); print a JSON line with what got measured (best = lowest mean, MetaSchedule's ranking)."""
     import numpy as np
     from tvm.s_tir import meta_schedule as ms
 
     from tunecore.targets import resolve_target, use_target_threads
-    from tunecore.workloads import load_workload
+    from tunecore.workloads import fuse, load_workload
 
     target = resolve_target("llvm")
     use_target_threads(target)  # LocalRunner's workers inherit it; else TVM runs kernels on half the cores
     builder = ms.builder.LocalBuilder(timeout_sec=builder_timeout) if builder_timeout else "local"
-    db = ms.tune_tir(load_workload(model).mod, target, work_dir, max_trials_global=trials,
-                     num_trials_per_iter=64, strategy=strategy, cost_model="xgb", builder=builder, seed=seed)
+    workload = load_workload(model)
+    common = dict(num_trials_per_iter=64, strategy=strategy, cost_model="xgb", builder=builder, seed=seed)
+    if workload.is_network:
+        db = ms.relax_integration.tune_relax(fuse(workload.mod, target), {}, target, work_dir,
+                                             max_trials_global=trials, **common)
+    else:
+        db = ms.tune_tir(workload.mod, target, work_dir, max_trials_global=trials, **common)
     secs = [float(np.mean(r.run_secs)) for r in db.get_all_tuning_records()]
     ok = [s for s in secs if s < 1e9]
     print(json.dumps({"measured": len(secs), "ok": len(ok), "best_latency_s": min(ok) if ok else None}))

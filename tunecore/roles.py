@@ -238,6 +238,12 @@ class Artifact:
 
     path: str  # a shared library, on the machine the builder wrote it to
     build_secs: float = 0.0
+    # The built function's arguments (ArgInfo JSON, as Task.args), which differ from the task's where
+    # RewriteLayout packed a weight; None: the task's.
+    args: list | None = None
+
+    def arguments(self, task: Task) -> list:
+        return self.args if self.args is not None else task.args
 
 
 class Builder(Component):

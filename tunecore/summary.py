@@ -40,12 +40,14 @@ class RunSummary(TypedDict):
     store: str
     seed: int
     status: str  # "finished", "interrupted" or "failed"
-    trials_requested: int
+    trials_requested: int | None  # None: a time budget alone
+    time_budget_s: float | None  # None: trials alone
     trials_measured: int  # by this run
     errors: int  # of this run
     trials_total: int  # in the store for these tasks
     errors_total: int
     elapsed_s: float
+    elapsed_total_s: float  # this run's and the earlier runs' of the workload (what --time-budget counts)
     # where the time of the rounds went: proposing, measuring (+ profiling hooks), committing,
     # and the cost model and search learning from the results
     phase_s: dict[str, float]
@@ -54,15 +56,17 @@ class RunSummary(TypedDict):
 
 
 def summarize(states: Sequence[TaskState], run: dict[str, Any], *, measured: int, errors: int, elapsed: float,
-              status: str, phase_seconds: dict[str, float] | None = None,
+              status: str, elapsed_before: float = 0.0, phase_seconds: dict[str, float] | None = None,
               search: SearchPolicy | None = None) -> RunSummary:
     total = estimated_latency(states)
     return RunSummary(
         run_id=run["run_id"], model=run.get("model", ""), target=run.get("target", ""), search=run.get("search", ""),
         cost_model=run.get("cost_model", ""), measurer=run.get("measurer", ""), store=run.get("store", ""),
-        seed=run.get("seed", 0), status=status, trials_requested=run.get("trials", 0), trials_measured=measured,
+        seed=run.get("seed", 0), status=status, trials_requested=run.get("trials", 0),
+        time_budget_s=run.get("time_budget_s"), trials_measured=measured,
         errors=errors, trials_total=sum(s.trials for s in states), errors_total=sum(s.errors for s in states),
-        elapsed_s=round(elapsed, 3), phase_s={k: round(v, 3) for k, v in (phase_seconds or {}).items()},
+        elapsed_s=round(elapsed, 3), elapsed_total_s=round(elapsed_before + elapsed, 3),
+        phase_s={k: round(v, 3) for k, v in (phase_seconds or {}).items()},
         estimated_latency_ms=None if total is None else total * 1e3,
         tasks=[
             TaskSummary(

@@ -2,9 +2,10 @@
 
 A round: the scheduler picks a task -> the search policy proposes candidates -> the measurer builds
 and runs them -> the store commits every result -> the cost model and the policy learn from them.
-The budget (``trials``) counts the records earlier runs of the same workload put in the store for
-its tasks, so running the same command again with a larger budget measures only the difference, and
-an interrupted run resumes where its last committed round ended. Records that runs of other
+The budget (``trials``, and/or ``time_budget`` seconds: whichever ends first) counts what earlier runs
+of the same workload spent (records they put in the store for its tasks, seconds they ran), so running
+the same command again with a larger budget measures only the difference, and an interrupted run
+resumes where its last committed round ended. Records that runs of other
 workloads left on shared kernels (donors for ``transfer``, kernels two models have in common) do
 not use up this workload's budget; they are its history all the same.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import time
 from typing import Any, Callable, Sequence
 
@@ -30,11 +32,22 @@ def derive_seed(*parts: Any) -> int:
     return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
 
-def default_round_size(budget: int, n_tasks: int, capacity: int = 1) -> int:
+def default_round_size(budget: float, n_tasks: int, capacity: int = 1) -> int:
     """Candidates per round: small enough that the scheduler can move budget between tasks, large
     enough to keep the build pool busy, and up to 32 for each candidate the measurer measures at once
-    (``Measurer.capacity``: a fleet of N devices gets rounds N times as large)."""
-    return max(4, min(32 * capacity, budget // max(1, 2 * n_tasks)))
+    (``Measurer.capacity``: a fleet of N devices gets rounds N times as large). An unlimited budget
+    (a time budget alone) gets the largest rounds."""
+    return int(max(4, min(32 * capacity, budget // max(1, 2 * n_tasks))))
+
+
+def tuned_seconds(runs: Sequence[dict[str, Any]], records: Sequence[Record]) -> float:
+    """Seconds the runs tuned: each to its end, or, killed before it could record one, to its last
+    committed record; the time between runs does not count."""
+    last_at: dict[int, float] = {}
+    for r in records:
+        last_at[r.run_id] = max(last_at.get(r.run_id, 0.0), r.measured_at)
+    return sum((run["finished_at"] or last_at.get(run["run_id"], run["started_at"])) - run["started_at"]
+               for run in runs)
 
 
 @dataclasses.dataclass
@@ -43,7 +56,7 @@ class RoundReport:
 
     task: Task
     measured: int  # this run so far
-    budget: int  # this run's
+    budget: float  # this run's trials (inf: a time budget alone)
     errors: int  # this run so far
     estimated_latency: float | None  # sum of weight * best over tasks, None while a task has no success
     states: list[TaskState]
@@ -74,9 +87,10 @@ class Tuner:
         self.hooks = (plugin_manager or get_plugin_manager()).hook
         self.on_round = on_round
 
-    def tune(self, tasks: Sequence[Task], trials: int, run_info: dict[str, Any] | None = None) -> RunSummary:
-        """Measure until runs of this workload put ``trials`` records for ``tasks`` in the store
-        (or every task is exhausted).
+    def tune(self, tasks: Sequence[Task], trials: int | None, run_info: dict[str, Any] | None = None,
+             time_budget: float | None = None) -> RunSummary:
+        """Measure until runs of this workload put ``trials`` records for ``tasks`` in the store, or have
+        tuned for ``time_budget`` seconds (None: no limit of that kind), or every task is exhausted.
 
         Returns the run summary (what ``tunecore run --json`` prints).
         """
@@ -84,11 +98,15 @@ class Tuner:
         self.store.put_tasks(tasks)
         states = self._restore_states(tasks)
         info = dict(run_info or {})
-        same_workload = {r["run_id"] for r in self.store.runs() if _same_workload(r["info"], info)}
-        already = sum(r.run_id in same_workload for s in states for r in s.history)
-        budget = max(0, trials - already)
+        earlier = [r for r in self.store.runs() if _same_workload(r["info"], info)]
+        mine = [r for s in states for r in s.history if r.run_id in {run["run_id"] for run in earlier}]
+        already = len(mine)
+        budget = math.inf if trials is None else max(0, trials - already)
+        spent = tuned_seconds(earlier, mine)
+        deadline = math.inf if time_budget is None else started + max(0.0, time_budget - spent)
         round_size = self.round_size or default_round_size(budget, len(tasks), self.measurer.capacity)
-        info.update(trials=trials, seed=self.seed, scheduler=self.scheduler_name, round_size=round_size)
+        info.update(trials=trials, time_budget_s=time_budget, seed=self.seed, scheduler=self.scheduler_name,
+                    round_size=round_size)
         self.device = device = self.measurer.device()
         self.cost_model.device = device
         run_id = self.store.start_run(dict(info, device=device))
@@ -100,7 +118,7 @@ class Tuner:
         self.phase_seconds = dict.fromkeys(PHASES, 0.0)
         status = "failed"
         try:
-            while measured < budget:
+            while measured < budget and time.time() < deadline:
                 state = scheduler.next()
                 if state is None:
                     break
@@ -117,7 +135,8 @@ class Tuner:
             raise
         finally:
             summary = summarize(states, run, measured=measured, errors=errors, elapsed=time.time() - started,
-                                status=status, phase_seconds=self.phase_seconds, search=self.search)
+                                elapsed_before=spent, status=status, phase_seconds=self.phase_seconds,
+                                search=self.search)
             self.store.finish_run(run_id, summary)
             self.hooks.tunecore_on_run_end(run=run, summary=summary)
         return summary

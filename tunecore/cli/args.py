@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 
 
 def add_common(p: argparse.ArgumentParser, *, model: bool = True, target: bool = True, store: bool = True,
@@ -30,3 +31,11 @@ def add_tuning(p: argparse.ArgumentParser) -> None:
     p.add_argument("--option", "-O", action="append", metavar="ROLE.KEY=VALUE",
                    help="component option: ROLE.KEY=VALUE for whichever component fills the role, or NAME.KEY=VALUE "
                         "for the component NAME only, e.g. -O measurer.repeat=5 -O ansor.population=128")
+
+
+def duration(text: str) -> float:
+    """Seconds of a duration as users write it: 3600, 90s, 30m, 1.5h."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 3600, 90m, 2h)")
+    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 from typing import Any
 
 from tunecore.cli import Parser, render
+from tunecore.cli.args import duration
 from tunecore.errors import UsageError
 
 
@@ -69,13 +69,6 @@ def _add_run_limits(p: argparse.ArgumentParser) -> None:
                    help="component option, as for `run`, e.g. -O measurer.repeat=5")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-
-
-def duration(text: str) -> float:
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
-    if not match:
-        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 3600, 90m, 2h)")
-    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
 
 
 def moment(text: str) -> float:

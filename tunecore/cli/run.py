@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from typing import Any
 
 from tunecore.cli import render
-from tunecore.cli.args import add_common, add_tuning
+from tunecore.cli.args import add_common, add_tuning, duration
 
 
 def add_commands(register: Any) -> None:
@@ -18,7 +19,11 @@ def add_commands(register: Any) -> None:
                      help="per task, once --search has nothing new to propose, spend the rest of the budget with this "
                           "search policy, starting from what was measured (e.g. --search transfer --then ansor)")
     run.add_argument("--cost-model", default="none", help="cost model (see `tunecore plugins`)")
-    run.add_argument("--trials", "-n", type=int, required=True, help="total measured candidates for this workload")
+    run.add_argument("--trials", "-n", type=int, default=None,
+                     help="total measured candidates for this workload, earlier runs included")
+    run.add_argument("--time-budget", type=duration, default=None, metavar="DURATION",
+                     help="total tuning time for this workload, earlier runs included, e.g. 30m, 2h, 900 "
+                          "(with --trials: whichever ends first)")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--round-size", type=int, default=None, help="candidates per round (default: by budget)")
     add_tuning(run)
@@ -32,8 +37,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     names = [args.search, args.cost_model, args.measurer, *filter(None, [args.then])]
     config = api.TuneConfig(
-        args.model, trials=args.trials, target=args.target, search=args.search, then=args.then,
-        cost_model=args.cost_model, measurer=args.measurer, store=args.store, seed=args.seed,
+        args.model, trials=args.trials, time_budget=args.time_budget, target=args.target, search=args.search,
+        then=args.then, cost_model=args.cost_model, measurer=args.measurer, store=args.store, seed=args.seed,
         options=parse_options(args.option, names), scheduler=args.scheduler, round_size=args.round_size,
     )
     display = render.progress(TextColumn("trials"), TextColumn("best {task.fields[best]}"),
@@ -46,8 +51,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         display.start()
 
     def on_round(report: Any) -> None:
-        display.update(bar["id"], total=report.budget, completed=report.measured,
-                       best=render.best(report.estimated_latency), errors=report.errors)
+        total = report.budget if math.isfinite(report.budget) else None  # a time budget alone: no end in trials
+        display.update(bar["id"], total=total, completed=report.measured, best=render.best(report.estimated_latency),
+                       errors=report.errors)
 
     try:
         summary = api.tune(config, on_round=on_round, on_tasks=on_tasks)
@@ -77,7 +83,9 @@ def print_summary(summary: Any) -> None:
     estimate = summary["estimated_latency_ms"]
     console.print(
         f"measured {summary['trials_measured']} candidates ({summary['errors']} failed) "
-        f"in {summary['elapsed_s']:.1f} s; "
+        f"in {summary['elapsed_s']:.1f} s"
+        + (f" ({summary['elapsed_total_s']:.0f} s of the {summary['time_budget_s']:.0f} s time budget, earlier runs "
+           "included)" if summary.get("time_budget_s") else "") + "; "
         f"store holds {summary['trials_total']} for these tasks. "
         + (f"Estimated latency (sum of weight x best): {estimate:.4g} ms." if estimate is not None else "")
     )

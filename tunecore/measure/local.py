@@ -160,7 +160,8 @@ class LocalRunner(Runner):
             screen_above = best * self.screen if best is not None and self.screen > 0 else None
             try:
                 result.run_secs = self.pool.submit(
-                    worker.run, artifact.path, self.target_json, task.args, self.evaluator, screen_above
+                    worker.run, artifact.path, self.target_json, artifact.arguments(task), self.evaluator,
+                    screen_above
                 ).result()
             except Exception as error:
                 result.error = "run: " + _describe(error, self.timeout)

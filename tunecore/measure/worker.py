@@ -48,18 +48,25 @@ def loaded(module: str) -> bool:
     return module in sys.modules
 
 
-def build(mod_json: str, target_json: str, artifact_dir: str) -> tuple[str, float]:
-    """Compile a scheduled module into a shared library; returns (its path, build seconds)."""
+def build(mod_json: str, target_json: str, artifact_dir: str) -> tuple[str, float, list]:
+    """Compile a scheduled module into a shared library; returns (its path, build seconds, its arguments).
+
+    The arguments are the built function's: a weight that RewriteLayout packed is passed packed, as the
+    compiled model passes it (the packing runs once, at compile time, and is not timed).
+    """
     import tvm
+    from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule.builder.local_builder import default_build
 
-    from tunecore.tvmjson import target_from_json
+    from tunecore.tvmjson import target_from_json, to_plain
 
     start = time.perf_counter()
-    library = default_build(tvm.ir.load_json(mod_json), target_from_json(target_json), None)
+    mod = tvm.ir.load_json(mod_json)
+    library = default_build(mod, target_from_json(target_json), None)
     path = os.path.join(artifact_dir, f"{uuid.uuid4().hex}.so")
     library.export_library(path)
-    return path, time.perf_counter() - start
+    args = to_plain([a.as_json() for a in ms.arg_info.ArgInfo.from_entry_func(mod, remove_preproc=True)])
+    return path, time.perf_counter() - start, args
 
 
 def run(path: str, target_json: str, args_info: list, evaluator: dict[str, Any],

@@ -81,7 +81,10 @@ def _load_relax_json(path: str) -> Any:
 
 
 def fusion_passes(target: Any) -> list:
-    """Legalize and fuse, as MetaSchedule's compile_relax does, so tuned tasks match what gets compiled."""
+    """Legalize and fuse, as ``tunecore compile`` builds (tunecore.compile), so tuned tasks match what gets
+    compiled. Each kernel's weight buffers are marked layout-free: MetaSchedule's RewriteLayout then tiles
+    them in the order the schedule reads them, and the build packs them once (Ansor's layout rewrite)."""
+    import tvm
     from tvm import relax
     from tvm.relax import pipeline
 
@@ -92,7 +95,32 @@ def fusion_passes(target: Any) -> list:
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
         relax.transform.FuseTIR(),
+        tvm.transform.module_pass(_mark_layout_free_weights, opt_level=0, name="MarkLayoutFreeWeights"),
     ]
+
+
+def _mark_layout_free_weights(mod: Any, _context: Any) -> Any:
+    """relax's AttachAttrLayoutFreeBuffers, keeping the kernels' names (the pass adds a "1" to each):
+    its attribute is copied onto the same kernel of ``mod``, found by structural equality."""
+    import tvm
+    import tvm_ffi
+    from tvm import relax
+
+    marked = relax.transform.AttachAttrLayoutFreeBuffers()(mod)
+    by_hash: dict[int, list] = {}
+    for func in marked.functions.values():
+        if isinstance(func, tvm.tirx.PrimFunc) and func.attrs and "layout_free_buffers" in func.attrs:
+            plain = func.without_attr("layout_free_buffers")
+            by_hash.setdefault(tvm_ffi.structural_hash(plain), []).append((plain, func.attrs["layout_free_buffers"]))
+    out = mod.clone()
+    for gv, func in mod.functions.items():
+        if not isinstance(func, tvm.tirx.PrimFunc):
+            continue
+        for plain, buffers in by_hash.get(tvm_ffi.structural_hash(func), []):
+            if tvm_ffi.structural_equal(plain, func):
+                out[gv] = func.with_attr("layout_free_buffers", buffers)
+                break
+    return out
 
 
 def fuse(mod: Any, target: Any) -> Any:

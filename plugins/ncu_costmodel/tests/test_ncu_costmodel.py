@@ -195,7 +195,7 @@ def built(tmp_path_factory):
     task = tiny_task("matmul-64")
     candidate = sample_candidates(task, 1, seed=3)[0]
     worker.init_worker(task.target_json)
-    path, _ = worker.build(tvm.ir.save_json(candidate.mod), task.target_json, str(tmp_path_factory.mktemp("ncu")))
+    path, _, _ = worker.build(tvm.ir.save_json(candidate.mod), task.target_json, str(tmp_path_factory.mktemp("ncu")))
     return task, path
 
 

@@ -41,9 +41,9 @@ class _Sampling(Profiler):
             self.best[task.task_id] = latency
         if latency > MAX_LATENCY_SECS or not (fastest or seen % EVERY == 0):
             return {}
-        return self.metrics(task, artifact.path, latency)
+        return self.metrics(task, artifact, latency)
 
-    def metrics(self, task: Task, library: str, latency: float) -> dict[str, float]:
+    def metrics(self, task: Task, artifact: Artifact, latency: float) -> dict[str, float]:
         raise NotImplementedError
 
 
@@ -57,9 +57,9 @@ class CPUProfiler(_Sampling):
         super().__init__()
         cpu.check_tools()
 
-    def metrics(self, task: Task, library: str, latency: float) -> dict[str, float]:
+    def metrics(self, task: Task, artifact: Artifact, latency: float) -> dict[str, float]:
         cores, mcpu = cpu.target_facts(task.target_json)
-        return cpu.profile_library(library, task.args, threads=cores, mcpu=mcpu, latency=latency)
+        return cpu.profile_library(artifact.path, artifact.arguments(task), threads=cores, mcpu=mcpu, latency=latency)
 
 
 class NcuProfiler(_Sampling):
@@ -73,10 +73,10 @@ class NcuProfiler(_Sampling):
         super().__init__()
         ncu_csv.check_tool()
 
-    def metrics(self, task: Task, library: str, latency: float) -> dict[str, float]:
+    def metrics(self, task: Task, artifact: Artifact, latency: float) -> dict[str, float]:
         command = [ncu_csv.check_tool(), "--csv", "--page", "raw", "--print-units", "base",
                    "--metrics", ",".join(ncu_csv.STUDY_METRICS), sys.executable, "-m",
-                   "tunecore_ncu_costmodel.run_cuda", library, json.dumps(task.args)]
+                   "tunecore_ncu_costmodel.run_cuda", artifact.path, json.dumps(artifact.arguments(task))]
         done = subprocess.run(command, capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
             raise RuntimeError(f"ncu exited with {done.returncode}")
@@ -168,7 +168,8 @@ def profile_dataset(path: str, *, limit: int, per_task: int | None = None, workl
                 if not isinstance(artifact, Artifact):
                     _failed(row, counts)
                     continue
-                future = workers.submit(cpu.profile_library, artifact.path, dataset.tasks[row.task_key].args,
+                future = workers.submit(cpu.profile_library, artifact.path,
+                                        artifact.arguments(dataset.tasks[row.task_key]),
                                         threads=cores, mcpu=mcpu, latency=row.latency, timeout=timeout)
                 futures[future] = row, artifact
             for future in concurrent.futures.as_completed(futures):
