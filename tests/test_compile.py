@@ -117,3 +117,38 @@ def test_random_weights_are_scaled_by_fan_in_so_a_deep_network_stays_well_condit
     weight = inputs["features.1.layers.1.conv.weight"]  # 16 x 32 x 1 x 1: fan-in 32
     assert abs(float(weight.std()) - 1 / np.sqrt(32)) < 0.05
     assert np.abs(inputs["features.0.bias"]).max() > 0.9  # biases stay as they were
+
+
+def test_weights_are_packed_once_when_compiled_not_on_every_call(tmp_path, target):
+    """Kernels' weights are layout-free: a schedule may read them packed (RewriteLayout), the measurer passes
+    them packed, and the build packs the constants once and calls kernels without their packing block."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from tunecore.compile import max_relative_error
+    from tunecore.data import Candidate, MeasureResult, Record
+    from tunecore.measure import worker
+    from tunecore.space import DesignSpace
+    from tunecore.store.sqlite import MemoryStore
+    from tunecore.tvmjson import target_to_json
+
+    model = tmp_path / "tiny.onnx"
+    write_tiny_onnx(str(model))
+    workload = load_workload(str(model))
+    tasks = extract_tasks(workload, target)
+    store = MemoryStore()
+    store.put_tasks(tasks)
+    packed = []
+    for task in tasks:
+        candidate = Candidate.from_schedule(task, DesignSpace(task, seed=0).sample(seed=1))
+        _, _, args = worker.build(tvm.ir.save_json(candidate.mod), target_to_json(target), str(tmp_path))
+        if args != task.args:
+            packed.append(task.name)
+        store.commit([Record.from_result(candidate, MeasureResult(run_secs=[1e-3]))])
+    assert sorted(packed) == ["fused_conv2d_add_relu", "matmul"]  # their weights; reshape has none
+    database, _ = best_database(store, tasks, target)
+    executable = build(workload, target, database)
+    assert "fused_conv2d_add_relu_prepacked" in executable.as_text() and "matmul_prepacked" in executable.as_text()
+    inputs = random_inputs(workload)
+    untuned = Runnable(build(workload, target, ms.database.MemoryDatabase()), workload, target, inputs)
+    assert max_relative_error(Runnable(executable, workload, target, inputs).outputs(), untuned.outputs()) < 1e-4
