@@ -98,7 +98,7 @@ def run_metaschedule_for(model: str, seconds: float, seed: int, work_dir: str) -
         with open(os.path.join(work_dir, "child.log"), "a") as log:
             child = subprocess.Popen([sys.executable, "-m", "tunecore.experiments", "--_metaschedule", model,
                                       str(10**6), str(seed), work_dir, "evolutionary", str(BUILDER_TIMEOUT_S)],
-                                     stdout=log, stderr=log, start_new_session=True)
+                                     stdout=log, stderr=log, preexec_fn=_own_group_dying_with_parent)
             while child.poll() is None and time.perf_counter() - started < seconds - spent:
                 time.sleep(min(10.0, max(0.1, seconds - spent - (time.perf_counter() - started))))
                 with open(spent_path, "w") as f:  # a killed bench resumes with what is left
@@ -114,6 +114,16 @@ def run_metaschedule_for(model: str, seconds: float, seed: int, work_dir: str) -
     records = ms.database.JSONDatabase(work_dir=work_dir).get_all_tuning_records()
     ok = [r for r in records if r.run_secs and all(float(s) < 1e9 for s in r.run_secs)]
     return {"wall_s": spent, "measured": len(records), "errors": len(records) - len(ok), "work_dir": work_dir}
+
+
+def _own_group_dying_with_parent() -> None:
+    """In a child: its own process group (so it is stopped with all its workers) that the kernel kills
+    should the benchmark die first (Linux's PR_SET_PDEATHSIG), rather than tuning on unseen."""
+    import ctypes
+    import signal
+
+    os.setsid()
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)
 
 
 def _metaschedule_child(model: str, trials: int, seed: int, work_dir: str, strategy: str,
