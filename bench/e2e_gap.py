@@ -11,7 +11,7 @@ For each network of bench/e2e.py (the same ONNX export) and a tunecore store tun
   kind and output shape (ORT fuses Conv+Add+Relu and MatMul+Add as TVM does, so most layers match one
   to one).
 
-    python bench/e2e_gap.py --model resnet-18 --store /tmp/gap/resnet-18.db [--onnx /tmp/gap/resnet-18.onnx]
+    python bench/e2e_gap.py --model resnet-18 --store S.db [--onnx NET.onnx]   # default: bench/e2e.py's export
 
 Writes bench/results/e2e_gap-<model>.{json,md}.
 """
@@ -34,15 +34,14 @@ from tunecore.experiments import command_line, environment, script_parser, write
 def in_model_seconds(runnable: Any, runs: int) -> dict[str, dict]:
     """Per VM-called function: calls per inference and median seconds per inference, over ``runs``."""
     per_run: list[dict[str, list[float]]] = []
-    started: dict[int, float] = {}
+    started = [0.0]  # VM calls do not nest: the one under way
     current: dict[str, list[float]] = collections.defaultdict(list)
 
     def instrument(func: Any, symbol: str, before: bool, ret: Any, *args: Any) -> int:
-        key = len(current[symbol])
         if before:
-            started[key] = time.perf_counter()
+            started[0] = time.perf_counter()
         else:
-            current[symbol].append(time.perf_counter() - started.pop(key))
+            current[symbol].append(time.perf_counter() - started[0])
         return 0
 
     runnable.vm.set_instrument(instrument)
@@ -265,10 +264,11 @@ def main() -> None:
     parser = script_parser(__doc__, __file__)
     parser.add_argument("--model", required=True, help="a name of bench/e2e.py's networks (names the result)")
     parser.add_argument("--store", required=True, help="a SQLite store tuned on the ONNX file")
-    parser.add_argument("--onnx", default=None, help="the ONNX export (default: /tmp/gap/MODEL.onnx)")
+    parser.add_argument("--onnx", default=None,
+                        help="the ONNX export (default: bench/e2e.py's, <tmp>/tunecore-bench-e2e/MODEL.onnx)")
     parser.add_argument("--runs", type=int, default=20)
     args = parser.parse_args()
-    onnx_path = args.onnx or os.path.join(tempfile.gettempdir(), "gap", f"{args.model}.onnx")
+    onnx_path = args.onnx or os.path.join(tempfile.gettempdir(), "tunecore-bench-e2e", f"{args.model}.onnx")
     for path, what in ((onnx_path, "--onnx"), (args.store, "--store")):
         if not os.path.exists(path):
             parser.error(f"{what} {path}: no such file")

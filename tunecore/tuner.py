@@ -99,7 +99,8 @@ class Tuner:
         states = self._restore_states(tasks)
         info = dict(run_info or {})
         earlier = [r for r in self.store.runs() if _same_workload(r["info"], info)]
-        mine = [r for s in states for r in s.history if r.run_id in {run["run_id"] for run in earlier}]
+        earlier_ids = {run["run_id"] for run in earlier}
+        mine = [r for s in states for r in s.history if r.run_id in earlier_ids]
         already = len(mine)
         budget = math.inf if trials is None else max(0, trials - already)
         spent = tuned_seconds(earlier, mine)
