@@ -7,15 +7,20 @@ PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
-# System tools the ncu cost model's CPU profiler runs (valgrind, llvm-mca, objdump, a C compiler), when missing
+# System tools, when missing: what the ncu cost model's CPU profiler runs (valgrind, llvm-mca, objdump, a C
+# compiler), and PostgreSQL for the shared store's tests (docs/fleet.md)
 missing=()
 for pair in valgrind:valgrind llvm-mca:llvm objdump:binutils cc:gcc; do
     command -v "${pair%%:*}" > /dev/null || missing+=("${pair##*:}")
 done
+if ! command -v initdb > /dev/null && ! ls /usr/lib/postgresql/*/bin/initdb > /dev/null 2>&1; then
+    missing+=(postgresql)
+fi
 if [ ${#missing[@]} -gt 0 ]; then
     sudo=$([ "$(id -u)" = 0 ] || echo sudo)
     if ! { $sudo apt-get update -qq && $sudo apt-get install -y -qq "${missing[@]}"; } > /dev/null 2>&1; then
-        echo "warning: could not install ${missing[*]} (apt-get install ${missing[*]}); the cpu profiler needs them" >&2
+        echo "warning: could not install ${missing[*]} (apt-get install ${missing[*]}): the cpu profiler needs" \
+             "valgrind, llvm, binutils and gcc; the shared-store tests need postgresql" >&2
     fi
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
@@ -25,6 +30,6 @@ for project in plugins/*/; do
         plugins+=(-e "$project")
     fi
 done
-.venv/bin/python -m pip install --quiet -e ".[test]" "${plugins[@]}"
+.venv/bin/python -m pip install --quiet -e ".[test,fleet]" "${plugins[@]}"
 .venv/bin/tunecore plugins > /dev/null
 echo "tunecore installed in $(pwd)/.venv with $(( ${#plugins[@]} / 2 )) plugin(s); run .venv/bin/tunecore --help"

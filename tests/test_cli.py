@@ -178,3 +178,10 @@ def _count(store):
             return db.execute("SELECT COUNT(*) FROM records").fetchone()[0]
     except sqlite3.Error:
         return 0
+
+
+def test_a_run_whose_every_candidate_failed_exits_1():
+    result = run_cli("run", "--model", "op:matmul-64", "--trials", "4", "--store", "memory:",
+                     "-O", "measurer.run_timeout=0.0001", "-O", "measurer.screen=0")
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert "all 4 measured candidates failed" in result.stderr.strip().splitlines()[-1]

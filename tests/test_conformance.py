@@ -1,6 +1,7 @@
 """Every registered component passes its role's conformance suite."""
 
 import pytest
+from fleet import Fleet
 
 from tunecore.plugins import new_plugin_manager
 from tunecore.registry import Registry
@@ -15,8 +16,9 @@ from tunecore.testing import (
 
 # The core's own components; each plugin's tests (plugins/*/tests) run the suites on its components.
 REGISTRY = Registry(new_plugin_manager(autoload=False))
-BUILTIN = {"search": ["random"], "cost_model": ["none"], "store": ["memory", "sqlite"], "measurer": ["local"],
-           "builder": ["local"], "runner": ["local"], "profiler": []}
+BUILTIN = {"search": ["random"], "cost_model": ["none"], "store": ["memory", "postgresql", "sqlite"],
+           "measurer": ["local"],
+           "builder": ["dask", "local"], "runner": ["local", "rpc"], "profiler": []}
 
 
 @pytest.mark.parametrize("role", sorted(BUILTIN))
@@ -39,7 +41,22 @@ class TestCostModels(CostModelConformance):
 class TestRecordStores(RecordStoreConformance):
     @pytest.fixture(params=REGISTRY.names("store"))
     def component_name(self, request):
+        if request.param == "postgresql":
+            self.postgres = request.getfixturevalue("postgres")
         return request.param
+
+    def make_store(self, name, location):
+        if name == "postgresql":  # one database per test, the same one for the same location
+            import hashlib
+
+            database = "t" + hashlib.sha256(location.encode()).hexdigest()[:16]
+            if database not in self.made:
+                self.made.add(database)
+                return super().make_store(name, self.postgres.database(database))
+            return super().make_store(name, f"{self.postgres.url}/{database}")
+        return super().make_store(name, location)
+
+    made: set = set()
 
     def test_survives_reopen(self, component_name, task, tmp_path):
         if component_name == "memory":
@@ -57,3 +74,43 @@ class TestLocalBuilder(BuilderConformance):
 
 class TestLocalRunner(RunnerConformance):
     name = "local"
+
+
+class TestDaskBuilder(BuilderConformance):
+    name = "dask"
+    options = {"build_workers": 2}
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    fleet = Fleet(key="conformance", servers=2)
+    yield fleet
+    fleet.close()
+
+
+class TestRpcRunner(RunnerConformance):
+    name = "rpc"
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def component(cls, task, fleet):
+        runner = REGISTRY.get("runner", "rpc")(task.target, tracker=fleet.address, key=fleet.key)
+        yield runner
+        runner.close()
+
+
+class TestRpcMeasurer(MeasurerConformance):
+    """The local measurer with the dask builder and the rpc runner: every part remote at once."""
+
+    name = "local"
+    measures_this_host = False
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def component(cls, task, fleet):
+        from tunecore.measure.local import LocalMeasurer
+
+        measurer = LocalMeasurer(task.target, builder="dask", build_workers=2, **fleet.options())
+        yield measurer
+        measurer.close()
+

@@ -1,10 +1,18 @@
-"""Errors that tunecore reports to a user as one line and exit code 2, and how a TVM error becomes one line."""
+"""Errors tunecore reports to a user as one line (exit code 2; 1 for a measurer gone), and TVM errors as one line."""
 
 
 class UsageError(Exception):
     """A mistake the user can fix: unknown plugin, bad target, unreadable model, wrong store...
 
     The CLI prints ``str(error)`` on one line and exits with code 2; it never shows a traceback for it.
+    """
+
+
+class MeasurerUnavailable(Exception):
+    """The measurer cannot measure anything any more (its tracker is gone, no device is left): the run stops.
+
+    Not the user's mistake and not a candidate's failure: the CLI prints ``str(error)`` on one line and
+    exits with code 1, with every committed round in the store.
     """
 
 

@@ -181,17 +181,23 @@ class RecordStore(Component):
         return [t for t in self.get_tasks()
                 if t.kernel_class == kernel_class and (target_kind is None or t.target_kind == target_kind)]
 
+    def claim(self, task_id: str, keys: Sequence[str], run_id: int) -> set[str]:
+        """The candidates (by key) run ``run_id`` may measure now: a store shared by concurrent jobs leaves out
+        those another job has claimed or stored, so that nothing is measured twice. By default: all of them."""
+        return set(keys)
+
     @abc.abstractmethod
-    def start_run(self, info: dict[str, Any]) -> int:
-        """Record that a run started (its settings); returns the run id stamped on its records.
+    def start_run(self, info: dict[str, Any], started_at: float | None = None) -> int:
+        """Record that a run started (its settings) at ``started_at`` (None: now; an import gives the original
+        time); returns the run id stamped on its records.
 
         ``info["device"]``, when present, is the measurer's ``device()``: the store keeps it once per
         device and stamps its id (``tunecore.targets.device_id``) on the run and on the run's records.
         """
 
     @abc.abstractmethod
-    def finish_run(self, run_id: int, summary: dict[str, Any]) -> None:
-        """Record how a run ended."""
+    def finish_run(self, run_id: int, summary: dict[str, Any], finished_at: float | None = None) -> None:
+        """Record how a run ended (at ``finished_at``; None: now)."""
 
     @abc.abstractmethod
     def runs(self) -> list[dict[str, Any]]:
@@ -294,6 +300,7 @@ class Runner(Component):
     """
 
     capacity: int = 1
+    runs_profilers: ClassVar[bool] = True  # False: it times elsewhere (RPC), where no profiler of ours runs
 
     def __init__(self, target: tvm.target.Target, **options: Any):
         reject_unknown_options("runner", self.name, options)

@@ -217,18 +217,19 @@ def device_descriptor(target: Any) -> dict[str, Any]:
             desc["clock_mhz"] = float(clock)
     elif kind == "cuda":
         desc["arch"] = str(target.attrs.get("arch", ""))
-        dev = tvm.cuda()
-        if dev.exist:
-            desc.update(
-                gpu=dev.device_name,
-                sm_count=dev.multi_processor_count,
-                clock_mhz=dev.max_clock_rate / 1000,
-                memory_bytes=dev.total_global_memory,
-                max_shared_memory_per_block=dev.max_shared_memory_per_block,
-                warp_size=dev.warp_size,
-                l2_bytes=_cuda_l2_bytes(),
-            )
+        desc.update(gpu_fields(tvm.cuda()))
+        if "gpu" in desc:
+            desc["l2_bytes"] = _cuda_l2_bytes()
     return desc
+
+
+def gpu_fields(dev: Any) -> dict[str, Any]:
+    """What TVM's runtime tells about a GPU (here, or an RPC session's); {} when there is none."""
+    if not dev.exist:
+        return {}
+    return dict(gpu=dev.device_name, sm_count=dev.multi_processor_count, clock_mhz=dev.max_clock_rate / 1000,
+                memory_bytes=dev.total_global_memory, max_shared_memory_per_block=dev.max_shared_memory_per_block,
+                warp_size=dev.warp_size)
 
 
 # What makes two descriptions the same device: a fixed list, so that describing more (a new key, a
@@ -305,3 +306,10 @@ def _host_triple() -> str:
     from tvm.target import codegen
 
     return str(codegen.llvm_get_system_triple())
+
+
+def foreign_architecture(target: Any) -> str | None:
+    """The architecture of an LLVM target whose ``mtriple`` is not this machine's (e.g. aarch64), else None."""
+    triple = str(target.attrs.get("mtriple", "")) if target.kind.name == "llvm" else ""
+    arch = triple.split("-")[0]
+    return arch if arch and arch != _host_triple().split("-")[0] else None

@@ -177,6 +177,12 @@ class Tuner:
         if not candidates:
             state.done_reason = f"search '{self.search.name}' has no new candidates"
             return []
+        claimed = self.store.claim(task.task_id, [c.key for c in candidates], run_id)
+        if len(claimed) < len(candidates):  # a job sharing the store measures the others
+            state.measured.update(c.key for c in candidates if c.key not in claimed)
+            candidates = [c for c in candidates if c.key in claimed]
+            if not candidates:
+                return []
         results = self.measurer.measure(task, candidates)
         for result in results:
             result.device = result.device or self.device

@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import Callable, Sequence
 
-from tunecore.errors import PluginError, UsageError
+from tunecore.errors import MeasurerUnavailable, PluginError, UsageError
 
 Handler = Callable[[argparse.Namespace], int]  # runs a command; returns its exit code
 
@@ -66,6 +66,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as error:
         print(f"tunecore: error: {error}", file=sys.stderr)
         return 2
+    except MeasurerUnavailable as error:
+        print(f"tunecore: error: {error}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("tunecore: interrupted; every committed round is saved, run the same command to resume",
               file=sys.stderr)

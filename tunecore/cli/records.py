@@ -1,4 +1,5 @@
-"""``tunecore records list|best|export|import``: inspect stored records; MetaSchedule JSON databases both ways."""
+"""``tunecore records list|best|export|import|upgrade``: inspect stored records; MetaSchedule JSON databases both
+ways; copy a store into another; upgrade a shared store's schema."""
 
 from __future__ import annotations
 
@@ -25,16 +26,23 @@ def add_commands(register: Any) -> None:
     export.add_argument("--format", choices=["metaschedule"], default="metaschedule")
     export.add_argument("--model", "-m", default=None, help="only tasks of this workload")
     export.add_argument("directory")
-    imported = sub.add_parser("import", help="read records written by another tool")
+    imported = sub.add_parser("import", help="read records written by another tool, or copy another tunecore store "
+                                            "(e.g. a sqlite file into a shared postgresql store)")
     add_common(imported, model=False, json_flag=False)
     imported.set_defaults(target=None)
-    imported.add_argument("--format", choices=["metaschedule"], default="metaschedule")
-    imported.add_argument("directory")
+    imported.add_argument("--format", choices=["metaschedule", "tunecore"], default="metaschedule",
+                          help="metaschedule: a JSONDatabase directory; tunecore: a --store value (file or URL)")
+    imported.add_argument("source", metavar="SOURCE")
+    upgrade = sub.add_parser("upgrade", help="bring a shared store written by an older tunecore to this one's schema "
+                                             "(once, with no job using it)")
+    add_common(upgrade, model=False, target=False, json_flag=False)
 
 
 def cmd_records(args: argparse.Namespace) -> int:
     from tunecore import api
 
+    if args.records_command == "upgrade":
+        return _records_upgrade(args)
     store = api.open_store(args.store, create=args.records_command == "import")
     try:
         return _RECORD_COMMANDS[args.records_command](args, store)
@@ -111,12 +119,38 @@ def _records_export(args: argparse.Namespace, store: Any) -> int:
 
 
 def _records_import(args: argparse.Namespace, store: Any) -> int:
+    from tunecore import api
+    from tunecore.store import copy_store
     from tunecore.store.metaschedule import import_metaschedule
     from tunecore.targets import resolve_target
 
+    if args.format == "tunecore":
+        source = api.open_store(args.source, create=False)
+        try:
+            runs, records = copy_store(source, store, args.source)
+        finally:
+            source.close()
+        print(f"imported {records} records and {runs} runs from {args.source}")
+        return 0
     target = resolve_target(args.target) if args.target else None
-    n_tasks, n_records = import_metaschedule(store, args.directory, target)
-    print(f"imported {n_records} records of {n_tasks} tasks from {args.directory}")
+    n_tasks, n_records = import_metaschedule(store, args.source, target)
+    print(f"imported {n_records} records of {n_tasks} tasks from {args.source}")
+    return 0
+
+
+def _records_upgrade(args: argparse.Namespace) -> int:
+    from tunecore.registry import Registry
+    from tunecore.store import parse_store_url
+
+    registry = Registry.shared()
+    name, location = parse_store_url(args.store, registry.names("store"))
+    if name == "postgresql":
+        registry.get("store", name)(location, upgrade=True).close()
+    else:  # a file store upgrades itself when it is opened by its one user
+        from tunecore import api
+
+        api.open_store(args.store, create=False).close()
+    print(f"{args.store}: schema is current")
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from typing import Any
 
 from tunecore.cli import render
@@ -63,6 +64,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(json.dumps(summary, indent=2))
     else:
         print_summary(summary)
+    if summary["trials_measured"] and summary["errors"] == summary["trials_measured"]:
+        # a run that measured nothing must not look like a success (apache/tvm#20314)
+        print(f"tunecore: error: all {summary['errors']} measured candidates failed; their errors: "
+              f"tunecore records list --json --store {args.store or 'tunecore.db'}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -195,8 +195,8 @@ class Dataset:
 
     @classmethod
     def load(cls, path: str) -> Dataset:
-        """Read a dataset file; UsageError (one line) for a missing file, another format or version, or
-        missing columns."""
+        """Read a dataset file; UsageError (one line) for a missing file, another format or version, missing
+        columns, or a damaged file."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -216,7 +216,14 @@ class Dataset:
         if missing or "devices" not in meta:
             raise UsageError(f"{path}: a {FORMAT} file without its " + (f"columns {', '.join(missing)}" if missing
                                                                           else "device descriptions"))
-        table = pq.read_table(path, read_dictionary=list(_SHARED_COLUMNS))
+        try:
+            return cls._read(pq.read_table(path, read_dictionary=list(_SHARED_COLUMNS)), meta)
+        except (pa.ArrowException, OSError, ValueError, TypeError, KeyError, AttributeError) as error:
+            raise UsageError(f"{path}: a damaged {FORMAT} file ({type(error).__name__}: "
+                             f"{(str(error).splitlines() or [''])[0][:120]})") from None
+
+    @classmethod
+    def _read(cls, table: Any, meta: dict[str, str]) -> Dataset:
         dataset = cls()
         dataset.devices = json.loads(meta["devices"])
         columns = {name: table.column(name) for name in table.column_names}

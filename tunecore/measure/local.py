@@ -26,7 +26,7 @@ import time
 from typing import Any, Sequence
 
 from tunecore.data import Candidate, MeasureResult, Task
-from tunecore.errors import error_line
+from tunecore.errors import UsageError, error_line
 from tunecore.measure import worker
 from tunecore.options import reject_unknown_options
 from tunecore.roles import Artifact, Builder, Measurer, Profiler, Runner
@@ -84,17 +84,34 @@ class _WarmPool:
         self.executor.shutdown(wait=False)
 
 
+def check_export(target: Any, export: str, cross_compiler: str | None) -> None:
+    """Refuse a way of exporting built candidates that cannot work for the target (a builder's options)."""
+    from tunecore.targets import foreign_architecture
+
+    if export not in ("so", "tar"):
+        raise UsageError(f"measurer.export must be so or tar, not {export!r}")
+    foreign = foreign_architecture(target)
+    if foreign and export == "so" and not cross_compiler:
+        raise UsageError(f"the target is for {foreign}, not this machine: give -O measurer.cross_compiler="
+                         f"{foreign}-linux-gnu-g++ (or the toolchain for it), or -O measurer.export=tar to have "
+                         "the device link each candidate (it needs a C compiler)")
+    if cross_compiler and shutil.which(cross_compiler) is None:
+        raise UsageError(f"measurer.cross_compiler: {cross_compiler!r} is not on PATH")
+
+
 class LocalBuilder(Builder):
     """Worker processes on this machine that stay warm for the whole run (TVM imported once each)."""
 
     name = "local"
 
     def __init__(self, target: Any, *, build_workers: int | None = None, build_timeout: float = 60.0,
-                 **options: Any):
+                 export: str = "so", cross_compiler: str | None = None, **options: Any):
         super().__init__(target, **options)
         from tunecore.targets import physical_cores
         from tunecore.tvmjson import target_to_json
 
+        check_export(target, export, cross_compiler)
+        self.export, self.cross_compiler = export, cross_compiler
         self.target_json = target_to_json(target)
         self.timeout = build_timeout
         self.capacity = build_workers or physical_cores()
@@ -106,13 +123,14 @@ class LocalBuilder(Builder):
 
     def build(self, mods_json: Sequence[str]) -> list[Artifact | str]:
         self.pool.ready()
-        futures = [self.pool.submit(worker.build, mod_json, self.target_json, self.directory) for mod_json in mods_json]
+        futures = [self.pool.submit(worker.build, mod_json, self.target_json, self.directory, self.export,
+                                    self.cross_compiler) for mod_json in mods_json]
         out: list[Artifact | str] = []
         for future in futures:
             try:
                 out.append(Artifact(*future.result()))
             except Exception as error:
-                out.append("build: " + _describe(error, self.timeout))
+                out.append("build: " + describe_failure(error, self.timeout))
         return out
 
     def close(self) -> None:
@@ -120,7 +138,23 @@ class LocalBuilder(Builder):
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-class LocalRunner(Runner):
+class Screen:
+    """The best latency a runner has seen per task, and the cold time above which a candidate is timed once."""
+
+    def __init__(self, screen: float):
+        self.screen = screen
+        self.best: dict[str, float] = {}  # task id -> best latency this runner has seen
+
+    def screen_above(self, task_id: str) -> float | None:
+        best = self.best.get(task_id)
+        return best * self.screen if best is not None and self.screen > 0 else None
+
+    def saw(self, task_id: str, latency: float | None) -> None:
+        if latency is not None:
+            self.best[task_id] = min(latency, self.best.get(task_id, latency))
+
+
+class LocalRunner(Runner, Screen):
     """One worker process on this machine times one candidate at a time (see the module docstring)."""
 
     name = "local"
@@ -135,8 +169,7 @@ class LocalRunner(Runner):
         self.timeout = run_timeout
         self.evaluator = dict(number=number, repeat=repeat, min_repeat_ms=min_repeat_ms,
                               enable_cpu_cache_flush=cpu_cache_flush)
-        self.screen = screen
-        self.best: dict[str, float] = {}  # task id -> best latency this runner has seen
+        Screen.__init__(self, screen)
         self.pool = _WarmPool(1, run_timeout, self.target_json)
 
     @classmethod
@@ -156,22 +189,19 @@ class LocalRunner(Runner):
         results = []
         for artifact in artifacts:
             result = MeasureResult(build_secs=artifact.build_secs)
-            best = self.best.get(task.task_id)
-            screen_above = best * self.screen if best is not None and self.screen > 0 else None
             try:
                 result.run_secs = self.pool.submit(
                     worker.run, artifact.path, self.target_json, artifact.arguments(task), self.evaluator,
-                    screen_above
+                    self.screen_above(task.task_id)
                 ).result()
             except Exception as error:
-                result.error = "run: " + _describe(error, self.timeout)
+                result.error = "run: " + describe_failure(error, self.timeout)
             for profiler in profilers:
                 try:
                     result.profile.update(profiler.profile(task, artifact, result))
                 except Exception:  # a profiler's failure costs its metrics, not the measurement
                     result.profile[f"{profiler.name}.failed"] = 1.0
-            if result.latency is not None:
-                self.best[task.task_id] = min(result.latency, best or result.latency)
+            self.saw(task.task_id, result.latency)
             results.append(result)
         return results
 
@@ -200,6 +230,9 @@ class LocalMeasurer(Measurer):
         for profiler in profilers:
             registry.check_target(target, profiler=profiler)
         builder_cls, runner_cls = registry.get("builder", builder), registry.get("runner", runner)
+        if profilers and not runner_cls.runs_profilers:
+            raise UsageError(f"runner '{runner}' cannot run profilers ({', '.join(profilers)}): a profiler runs "
+                             "where the candidate runs")
         builder_options, runner_options = _accepted(builder_cls, options), _accepted(runner_cls, options)
         taken = builder_options.keys() | runner_options.keys()
         reject_unknown_options("measurer", self.name, {k: v for k, v in options.items() if k not in taken})
@@ -281,7 +314,8 @@ def _accepted(cls: type, options: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in options.items() if k in names}
 
 
-def _describe(error: BaseException, timeout: float) -> str:
+def describe_failure(error: BaseException, timeout: float) -> str:
+    """A worker's failure as one line: a timeout, a crash, or the error."""
     if isinstance(error, TimeoutError):
         return f"timed out after {timeout:g} s"
     if isinstance(error, ChildProcessError):

@@ -156,7 +156,7 @@ class SqliteStore(RecordStore):
                 " ON m.rowid = (SELECT rowid FROM task_models WHERE task_id = t.task_id LIMIT 1)"
                 " ORDER BY t.created_at, t.rowid"
             ).fetchall()
-        tasks = [_task(r) for r in rows]
+        tasks = [task_from_row(r) for r in rows]
         if task_ids is not None:
             wanted = set(task_ids)
             tasks = [t for t in tasks if t.task_id in wanted]
@@ -193,17 +193,17 @@ class SqliteStore(RecordStore):
 
     def records(self, task_id: str) -> list[Record]:
         rows = self.db.execute("SELECT * FROM records WHERE task_id = ? ORDER BY record_id", (task_id,))
-        return [_record(r) for r in rows]
+        return [record_from_row(r) for r in rows]
 
     def all_records(self) -> list[Record]:
-        return [_record(r) for r in self.db.execute("SELECT * FROM records ORDER BY record_id")]
+        return [record_from_row(r) for r in self.db.execute("SELECT * FROM records ORDER BY record_id")]
 
     def best(self, task_id: str, k: int = 1) -> list[Record]:
         rows = self.db.execute(
             "SELECT * FROM records WHERE task_id = ? AND latency IS NOT NULL ORDER BY latency, record_id LIMIT ?",
             (task_id, k),
         )
-        return [_record(r) for r in rows]
+        return [record_from_row(r) for r in rows]
 
     def counts(self, task_ids: Sequence[str]) -> dict[str, int]:
         counts = dict.fromkeys(task_ids, 0)
@@ -213,7 +213,7 @@ class SqliteStore(RecordStore):
         return counts
 
     # runs
-    def start_run(self, info: dict[str, Any]) -> int:
+    def start_run(self, info: dict[str, Any], started_at: float | None = None) -> int:
         from tunecore.targets import device_id
 
         info = dict(info)
@@ -224,28 +224,18 @@ class SqliteStore(RecordStore):
             if device is not None:
                 self.db.execute("INSERT OR IGNORE INTO devices VALUES (?, ?)", (identity, json.dumps(device)))
             cursor = self.db.execute("INSERT INTO runs (started_at, info, device_id) VALUES (?, ?, ?)",
-                                     (time.time(), json.dumps(info), identity))
+                                     (started_at or time.time(), json.dumps(info), identity))
         return int(cursor.lastrowid)
 
-    def finish_run(self, run_id: int, summary: dict[str, Any]) -> None:
+    def finish_run(self, run_id: int, summary: dict[str, Any], finished_at: float | None = None) -> None:
         with self.db:
             self.db.execute(
                 "UPDATE runs SET finished_at = ?, summary = ? WHERE run_id = ?",
-                (time.time(), json.dumps(summary), run_id)
+                (finished_at or time.time(), json.dumps(summary), run_id)
             )
 
     def runs(self) -> list[dict[str, Any]]:
-        return [
-            {
-                "run_id": r["run_id"],
-                "started_at": r["started_at"],
-                "finished_at": r["finished_at"],
-                "info": json.loads(r["info"]),
-                "summary": json.loads(r["summary"]) if r["summary"] else None,
-                "device_id": r["device_id"],
-            }
-            for r in self.db.execute("SELECT * FROM runs ORDER BY run_id")
-        ]
+        return [run_from_row(r) for r in self.db.execute("SELECT * FROM runs ORDER BY run_id")]
 
     def devices(self) -> dict[str, dict[str, Any]]:
         return {r[0]: json.loads(r[1]) for r in self.db.execute("SELECT device_id, description FROM devices")}
@@ -260,7 +250,8 @@ class MemoryStore(SqliteStore):
         super().__init__(":memory:")
 
 
-def _task(row: sqlite3.Row) -> Task:
+def task_from_row(row: Any) -> Task:
+    """A task from a row of tasks joined with task_models (any database's row mapping)."""
     return Task(
         task_id=row["task_id"],
         name=row["model_name"] or row["name"],
@@ -275,7 +266,7 @@ def _task(row: sqlite3.Row) -> Task:
     )
 
 
-def _record(row: sqlite3.Row) -> Record:
+def record_from_row(row: Any) -> Record:
     return Record(
         task_id=row["task_id"],
         key=row["key"],
@@ -290,3 +281,9 @@ def _record(row: sqlite3.Row) -> Record:
         run_id=row["run_id"],
         device_id=row["device_id"],
     )
+
+
+def run_from_row(row: Any) -> dict[str, Any]:
+    return {"run_id": row["run_id"], "started_at": row["started_at"], "finished_at": row["finished_at"],
+            "info": json.loads(row["info"]), "summary": json.loads(row["summary"]) if row["summary"] else None,
+            "device_id": row["device_id"]}

@@ -1,0 +1,205 @@
+"""The rpc runner on a real TVM RPC fleet on 127.0.0.1: parallel devices, the remote device's identity, and faults
+(a server killed mid-round, a tracker restarted, a device that hangs, a kernel that crashes its session)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import pytest
+from fleet import Fleet, signal_group
+
+from tunecore.data import Candidate
+from tunecore.measure.local import LocalMeasurer
+from tunecore.testing import sample_candidates, tiny_task
+from tunecore.testing.cli import assert_one_line_exit_2, run_cli
+from tunecore.tvmjson import new_schedule
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    fleet = Fleet(key="pair", servers=2)
+    yield fleet
+    fleet.close()
+
+
+def _naive(task_name: str, copies: int) -> tuple:
+    """The unscheduled loop nest of a task, ``copies`` times: a candidate with a known, long run time."""
+    task = tiny_task(task_name)
+    return task, [Candidate.from_schedule(task, new_schedule(task.mod))] * copies
+
+
+def test_candidates_run_on_every_device_and_the_device_describes_itself(fleet, target, matmul_task):
+    from tunecore.targets import device_descriptor
+
+    measurer = LocalMeasurer(target, **fleet.options())
+    try:
+        assert measurer.capacity == 2
+        results = measurer.measure(matmul_task, sample_candidates(matmul_task, 6))
+        assert all(r.error is None and r.latency > 0 for r in results), [r.error for r in results]
+        assert set(measurer.runner.identities) == {("127.0.0.1", p) for p in fleet.ports()}
+        assert measurer.device() == device_descriptor(target)  # answered by tunecore on the server
+        assert measurer.runner.lost == {}
+    finally:
+        measurer.close()
+
+
+@pytest.fixture(scope="module")
+def plain(fleet):
+    """TVM's own server under the key "plain", beside the fleet's tunecore servers."""
+    fleet.add_server(plain=True, key="plain")
+    fleet.wait_for(1, key="plain")
+    return dict(fleet.options(), key="plain")
+
+
+def test_a_plain_tvm_server_is_described_by_its_llvm_cpu(plain, target, matmul_task):
+    from tvm.target import codegen
+
+    measurer = LocalMeasurer(target, **plain)
+    try:
+        assert measurer.device()["cpu"] == f"llvm:{codegen.llvm_get_system_cpu()}"
+        (result,) = measurer.measure(matmul_task, sample_candidates(matmul_task, 1))
+        assert result.error is None
+    finally:
+        measurer.close()
+
+
+def test_the_device_links_a_tar_of_objects(fleet, target, matmul_task):
+    measurer = LocalMeasurer(target, **fleet.options(export="tar"))
+    try:
+        results = measurer.measure(matmul_task, sample_candidates(matmul_task, 2))
+        assert all(r.error is None for r in results), [r.error for r in results]
+    finally:
+        measurer.close()
+
+
+def test_waiting_for_a_device_does_not_count_against_the_run_timeout(fleet, target):
+    """Six candidates of about 1 s on two devices under a 2.5 s timeout: the last ones wait about 2 s for a
+    device, so waiting and running together exceed the timeout, and none times out."""
+    task, naive = _naive("matmul-512", 6)
+    measurer = LocalMeasurer(target, **fleet.options(run_timeout=2.5, repeat=1, min_repeat_ms=0, screen=0))
+    try:
+        results = measurer.measure(task, naive)
+        assert all(r.error is None for r in results), [r.error for r in results]
+    finally:
+        measurer.close()
+
+
+def test_a_crashing_kernel_is_a_failed_result_and_the_server_comes_back(target, matmul_task):
+    from test_measure import _crashing_task
+
+    fleet = Fleet(key="crash", servers=1)
+    measurer = LocalMeasurer(target, **fleet.options())
+    try:
+        task = _crashing_task(target)
+        (crashed,) = measurer.measure(task, [Candidate.from_schedule(task, new_schedule(task.mod))])
+        assert crashed.error == "run: the kernel crashed the RPC session"
+        (after,) = measurer.measure(matmul_task, sample_candidates(matmul_task, 1))
+        assert after.error is None and measurer.runner.lost == {}
+    finally:
+        measurer.close()
+        fleet.close()
+
+
+def test_a_server_killed_mid_round_loses_no_candidate(target):
+    fleet = Fleet(key="dying", servers=2)
+    task, naive = _naive("matmul-512", 8)
+    measurer = LocalMeasurer(target, **fleet.options(repeat=1, min_repeat_ms=0, screen=0))
+    try:
+        measurer.runner.ready()
+        killer = threading.Thread(target=_kill_while_it_runs_a_candidate, args=(fleet.servers[0],))
+        killer.start()
+        results = measurer.measure(task, naive)
+        killer.join()
+        assert all(r.error is None and r.latency > 0 for r in results), [r.error for r in results]
+        assert list(measurer.runner.lost) == [("127.0.0.1", fleet.server_ports[0])]
+    finally:
+        measurer.close()
+        fleet.close()
+
+
+def _kill_while_it_runs_a_candidate(server, timeout=120.0):
+    """Kill a server's process group once it serves a session (TVM's server forks one per session)."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        tree = psutil.Process(server.pid).children(recursive=True)
+        if len(tree) >= 2:  # TVM's server process and a session it forked
+            break
+        time.sleep(0.01)
+    signal_group(server)
+
+
+def test_the_tracker_restarted_between_rounds(target, matmul_task):
+    fleet = Fleet(key="restart", servers=1)
+    measurer = LocalMeasurer(target, **fleet.options())
+    try:
+        (first,) = measurer.measure(matmul_task, sample_candidates(matmul_task, 1))
+        fleet.restart_tracker()
+        (second,) = measurer.measure(matmul_task, sample_candidates(matmul_task, 2)[1:])
+        assert first.error is None and second.error is None, (first.error, second.error)
+    finally:
+        measurer.close()
+        fleet.close()
+
+
+def test_a_device_that_never_answers_ends_the_run_with_one_line(tmp_path):
+    fleet = Fleet(key="silent", servers=1)
+    try:
+        signal_group(fleet.servers[0], signal.SIGSTOP)  # registered with the tracker, answers nothing
+        started = time.monotonic()
+        result = run_cli("run", "--model", "op:matmul-64", "--trials", "4", "--store", str(tmp_path / "s.db"),
+                         *fleet.cli_options(queue_timeout=5), timeout=180)
+        took = time.monotonic() - started
+        assert result.returncode == 1, (result.stdout, result.stderr)
+        last = result.stderr.strip().splitlines()[-1]
+        assert last.startswith("tunecore: error: no device under key 'silent'") and "within 5 s" in last, last
+        assert took < 90
+    finally:
+        fleet.close()
+
+
+def test_a_run_records_the_device_it_measured_on_not_this_host(fleet, plain, tmp_path):
+    from tunecore.store.sqlite import SqliteStore
+    from tunecore.targets import device_descriptor, device_id, host_target
+
+    store = tmp_path / "s.db"
+    result = run_cli("run", "--model", "op:matmul-64", "--trials", "8", "--store", str(store), "--json",
+                     *fleet.cli_options(key="plain"), timeout=300)
+    assert result.returncode == 0, result.stderr
+    (run,) = SqliteStore(str(store)).runs()
+    remote = SqliteStore(str(store)).devices()[run["device_id"]]
+    assert remote["cpu"].startswith("llvm:") and run["device_id"] != device_id(device_descriptor(host_target()))
+
+
+def test_rpc_mistakes_are_one_line_exit_2(fleet):
+    assert_one_line_exit_2(run_cli("run", "--model", "op:matmul-64", "--trials", "1", "--store", "memory:",
+                                   "-O", "measurer.runner=rpc"), "measurer.tracker=HOST:PORT")
+    assert_one_line_exit_2(run_cli("run", "--model", "op:matmul-64", "--trials", "1", "--store", "memory:",
+                                   *fleet.cli_options(tracker="nowhere")), "measurer.tracker must be HOST:PORT")
+    assert_one_line_exit_2(run_cli("run", "--model", "op:matmul-64", "--trials", "1", "--store", "memory:",
+                                   "--cost-model", "ncu", *fleet.cli_options()), "cannot run profilers")
+
+
+def test_a_foreign_target_needs_a_cross_compiler_or_a_tar():
+    import tvm
+
+    from tunecore.errors import UsageError
+    from tunecore.measure.local import LocalBuilder
+
+    board = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a72"})
+    with pytest.raises(UsageError, match="cross_compiler=aarch64-linux-gnu-g"):
+        LocalBuilder(board)
+    with pytest.raises(UsageError, match="not on PATH"):
+        LocalBuilder(board, cross_compiler="no-such-g++")
+    LocalBuilder(board, export="tar", build_workers=1).close()
+
+
+def test_fleet_status_lists_the_devices_per_key(fleet):
+    from tunecore.testing.cli import cli_json
+
+    status = cli_json(run_cli("fleet", "status", "--tracker", fleet.address, "--json"))
+    assert sorted(status["keys"][fleet.key]["servers"]) == sorted(f"127.0.0.1:{p}" for p in fleet.ports())
+    assert_one_line_exit_2(run_cli("fleet", "status", "--tracker", "nowhere"), "--tracker must be HOST:PORT")
