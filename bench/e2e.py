@@ -80,9 +80,10 @@ def tune(onnx_path: str, store: str, search: str, cost_model: str, trials: int |
                                                                    time_budget=seconds, resume=True))
 
 
-def tune_metaschedule(onnx_path: str, work_dir: str, seconds: float, done_path: str) -> dict:
-    return experiments.cached_run(done_path, f"{onnx_path} metaschedule {seconds}",
-                                  lambda: experiments.run_metaschedule_for(onnx_path, seconds, 0, work_dir))
+def tune_metaschedule(onnx_path: str, work_dir: str, seconds: float, trials_per_iter: int, done_path: str) -> dict:
+    key = f"{onnx_path} metaschedule {seconds}" + (f" {trials_per_iter}/iter" if trials_per_iter != 64 else "")
+    return experiments.cached_run(done_path, key, lambda: experiments.run_metaschedule_for(
+        onnx_path, seconds, 0, work_dir, trials_per_iter))
 
 
 def variants(name: str, model: Any, x: np.ndarray, onnx_path: str, store: str, ms_work_dir: str | None,
@@ -185,6 +186,9 @@ def main() -> None:
                         help="tuning time per network for each tuner (default: 30m)")
     parser.add_argument("--trials", type=int, default=None, help="also stop tunecore at this many trials")
     parser.add_argument("--tuners", default="tunecore,metaschedule")
+    parser.add_argument("--ms-trials-per-iter", type=int, default=64, metavar="N",
+                        help="MetaSchedule's candidates per task per iteration (default: its own, 64); it commits a "
+                             "task's results only when it comes back to the task, so short budgets need fewer")
     parser.add_argument("--passes", type=int, default=5)
     parser.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "tunecore-bench-e2e"))
     args = parser.parse_args()
@@ -216,13 +220,15 @@ def main() -> None:
         label = f"{name}-{args.search}-{args.cost_model}-{args.time_budget:g}s" + (
             f"-{args.trials}" if args.trials else "")
         store = os.path.join(args.work, f"{label}.db")
-        ms_work_dir = os.path.join(args.work, f"{name}-metaschedule-{args.time_budget:g}s")
+        ms_work_dir = os.path.join(args.work, f"{name}-metaschedule-{args.time_budget:g}s" + (
+            f"-{args.ms_trials_per_iter}" if args.ms_trials_per_iter != 64 else ""))
         tuning = {}
         if "tunecore" in tuners:
             tuning["tunecore"] = tune(onnx_path, store, args.search, args.cost_model, args.trials, args.time_budget,
                                       done_path)
         if "metaschedule" in tuners:
-            tuning["MetaSchedule"] = tune_metaschedule(onnx_path, ms_work_dir, args.time_budget, done_path)
+            tuning["MetaSchedule"] = tune_metaschedule(onnx_path, ms_work_dir, args.time_budget,
+                                                       args.ms_trials_per_iter, done_path)
         functions = variants(name, model, x, onnx_path, store, ms_work_dir if "metaschedule" in tuners else None,
                              threads)
         with torch.inference_mode():
@@ -234,7 +240,7 @@ def main() -> None:
             networks[name]["gap"] = e2e_gap.analyse(onnx_path, store, runs=10)
 
     report = {"benchmark": "e2e", "search": args.search, "cost_model": args.cost_model, "trials": args.trials,
-              "time_budget_s": args.time_budget,
+              "time_budget_s": args.time_budget, "ms_trials_per_iter": args.ms_trials_per_iter,
               "threads": threads, "passes": args.passes, "networks": networks, "environment": environment(),
               "versions": _versions(), "command": command_line("e2e.py")}
     write_results(args.out, "e2e", report, markdown(report))
@@ -262,7 +268,8 @@ def markdown(report: dict) -> str:
              f"`--search {report['search']} --cost-model {report['cost_model']} "
              f"--time-budget {report['time_budget_s']:g}`"
              + (f" `--trials {report['trials']}`" if report["trials"] else "")
-             + "; MetaSchedule's `tune_relax` (evolutionary, xgb, 64 per iteration, builder timeout "
+             + f"; MetaSchedule's `tune_relax` (evolutionary, xgb, {report.get('ms_trials_per_iter', 64)} per "
+             "iteration, builder timeout "
              f"{experiments.BUILDER_TIMEOUT_S} s) on the same tasks, stopped at {budget}. Both built as `tunecore "
              f"compile` builds (weights pre-packed). Latency: median of {report['passes']} alternating passes, all "
              "variants in one process; outputs checked against PyTorch eager.", "",

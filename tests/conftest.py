@@ -10,7 +10,7 @@ def postgres():
     import shutil
     import tempfile
 
-    from fleet import Postgres
+    from tunecore.testing.fleet import Postgres
 
     directory = tempfile.mkdtemp(prefix="tunecore-pg-")
     server = Postgres(directory)

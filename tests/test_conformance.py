@@ -1,7 +1,6 @@
 """Every registered component passes its role's conformance suite."""
 
 import pytest
-from fleet import Fleet
 
 from tunecore.plugins import new_plugin_manager
 from tunecore.registry import Registry
@@ -13,6 +12,7 @@ from tunecore.testing import (
     RunnerConformance,
     SearchPolicyConformance,
 )
+from tunecore.testing.fleet import Fleet
 
 # The core's own components; each plugin's tests (plugins/*/tests) run the suites on its components.
 REGISTRY = Registry(new_plugin_manager(autoload=False))

@@ -8,12 +8,12 @@ import threading
 import time
 
 import pytest
-from fleet import Fleet, signal_group
 
 from tunecore.data import Candidate
 from tunecore.measure.local import LocalMeasurer
 from tunecore.testing import sample_candidates, tiny_task
 from tunecore.testing.cli import assert_one_line_exit_2, run_cli
+from tunecore.testing.fleet import Fleet, signal_group
 from tunecore.tvmjson import new_schedule
 
 

@@ -1,6 +1,6 @@
-"""Real fleet processes for tests, on 127.0.0.1 only: a TVM RPC tracker and device servers started with the
-documented commands (``tunecore fleet tracker`` / ``tunecore fleet server``), each in its own process group so
-that a test can kill, stop or restart one like a board that dies."""
+"""Real fleet processes for tests and benchmarks, on 127.0.0.1 only: a TVM RPC tracker and device servers
+started with the documented commands (``tunecore fleet tracker`` / ``tunecore fleet server``), each in its own
+process group so that a test can kill, stop or restart one like a board that dies; a throwaway PostgreSQL."""
 
 from __future__ import annotations
 
