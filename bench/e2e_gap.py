@@ -223,7 +223,7 @@ def summary_lines(r: dict) -> list[str]:
             f"| VM builtins (allocation, shape checks), inside the model | {r['vm_builtins_ms']:.2f} |",
             f"| the same kernels alone, re-timed now | {r['alone_ms']:.2f} |",
             f"| the same kernels, best latency stored by tuning | {r['stored_best_ms']:.2f} |",
-            f"| onnxruntime, whole run | {r['ort_latency_ms']:.2f} |",
+            f"| onnxruntime, whole run (profiling on) | {r['ort_latency_ms']:.2f} |",
             f"| onnxruntime, sum of its nodes | {r['ort_nodes_ms']:.2f} |", "",
             f"Tuned vs untuned outputs: max relative error {r['outputs_match_untuned']:.1g}; "
             f"{r['tasks_tuned']} of {r['tasks']} tasks tuned.", ""]
