@@ -207,7 +207,8 @@ def test_eval_resets_models_and_fine_tunes_on_the_tested_device_last(collected):
     dataset = Dataset.load(str(collected[0]))
     pm = new_plugin_manager(autoload=False)
     pm.register(_Plugin())
-    primary, second = dataset.info()["devices"]
+    second = next(d for d, desc in dataset.devices.items() if desc["mcpu"] == "x86-64-v2")  # OTHER_DEVICE
+    primary = next(d for d in dataset.devices if d != second)
     tune_on = sorted(dataset.tasks)[:1]
     the_split = with_fine_tuning(split(dataset, f"device:{second}"), tune_on, per_task=3)
     assert the_split.spec.endswith("+finetune:1x3") and not {r.task_key for r in the_split.test} & set(tune_on)

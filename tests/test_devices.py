@@ -61,7 +61,9 @@ def test_a_schema_1_store_is_upgraded_in_place_and_keeps_its_records(tmp_path):
         assert db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0] == str(SCHEMA_VERSION)
 
     # the upgraded store resumes: the old records count against the budget, the new ones name their device
-    summary = cli_json(run_cli("run", "--model", "op:matmul-64", "--trials", "6", "--store", str(path), "--json"))
+    # (on the target the old store was tuned for: another CPU's default target would be another task)
+    summary = cli_json(run_cli("run", "--model", "op:matmul-64", "--trials", "6", "--store", str(path),
+                               "--target", task.target_json, "--json"))
     assert summary["trials_measured"] == 2 and summary["trials_total"] == 6
     store = SqliteStore(str(path))
     records = store.records(task.task_id)

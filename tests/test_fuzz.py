@@ -112,7 +112,10 @@ def _check_measurer_options(target, options):
     registry.check_target(target, builder=builder, runner=runner)
     taken = _accepted(registry.get("builder", builder), options).keys() | _accepted(
         registry.get("runner", runner), options).keys()
-    reject_unknown_options("measurer", LocalMeasurer.name, {k: v for k, v in options.items() if k not in taken})
+    try:
+        reject_unknown_options("measurer", LocalMeasurer.name, {k: v for k, v in options.items() if k not in taken})
+    except TypeError as error:  # as api._construct turns it into the CLI's one line
+        raise UsageError(str(error)) from None
 
 
 @FUZZ

@@ -151,8 +151,8 @@ def test_parts_are_chosen_by_option_and_options_go_to_the_part_that_takes_them(t
     assert default_round_size(20000, 2, fleet.capacity) == 4 * default_round_size(20000, 2) == 128
     with pytest.raises(TypeError, match="unknown option\\(s\\) for measurer 'local': bogus"):
         LocalMeasurer(target, bogus=1, registry=registry)
-    with pytest.raises(PluginError, match="unknown builder 'dask'; installed: local"):
-        LocalMeasurer(target, builder="dask", registry=registry)
+    with pytest.raises(PluginError, match="unknown builder 'nosuch'; installed: dask, local"):
+        LocalMeasurer(target, builder="nosuch", registry=registry)
     with pytest.raises(TypeError, match="registry is not an option"):
         LocalMeasurer(target, registry="from -O")
     single = LocalMeasurer(target, profilers="artifact-size", registry=registry)  # -O measurer.profilers=NAME

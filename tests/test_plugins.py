@@ -49,7 +49,8 @@ def test_builtins_are_registered_through_hooks():
     registry = Registry(_manager_with())
     assert registry.names("search") == ["random"]
     assert registry.names("cost_model") == ["none"]
-    assert registry.names("store") == ["memory", "sqlite"]
+    assert registry.names("store") == ["memory", "postgresql", "sqlite"]
+    assert registry.names("builder") == ["dask", "local"] and registry.names("runner") == ["local", "rpc"]
     assert registry.names("measurer") == ["local"]
     assert {e.distribution for e in registry.entries()} == {"tunecore"}
 
@@ -105,8 +106,9 @@ def test_plugins_json_describes_the_core():
     plugins = describe_plugins(_manager_with())
     (core,) = plugins
     assert core["distribution"] == "tunecore"
-    assert core["components"] == {"builder": ["local"], "cost_model": ["none"], "measurer": ["local"],
-                                  "runner": ["local"], "search": ["random"], "store": ["memory", "sqlite"]}
+    assert core["components"] == {"builder": ["dask", "local"], "cost_model": ["none"], "measurer": ["local"],
+                                  "runner": ["local", "rpc"], "search": ["random"],
+                                  "store": ["memory", "postgresql", "sqlite"]}
     assert "tunecore_register_search_policies" in core["hooks"]
 
 

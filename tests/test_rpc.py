@@ -113,7 +113,9 @@ def test_a_server_killed_mid_round_loses_no_candidate(target):
         results = measurer.measure(task, naive)
         killer.join()
         assert all(r.error is None and r.latency > 0 for r in results), [r.error for r in results]
-        assert list(measurer.runner.lost) == [("127.0.0.1", fleet.server_ports[0])]
+        # taken out when a candidate was lost with it; a kill as its session was ending loses nothing, and the
+        # tracker drops the dead server before it is asked again
+        assert set(measurer.runner.lost) <= {("127.0.0.1", fleet.server_ports[0])}
     finally:
         measurer.close()
         fleet.close()

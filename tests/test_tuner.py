@@ -85,9 +85,10 @@ def test_exhausted_task_stops_the_loop(target):
     task = tiny_task("nrm-0")  # a reduction whose space has 60 distinct programs
     store = MemoryStore()
     summary = _tuner(store, target).tune([task], 100000)
-    # seed 0 finds 59 of them before 64 samples in a row bring nothing new (the 60th is rare)
-    assert summary["status"] == "finished" and summary["trials_measured"] == 59
-    assert len({r.key for r in store.records(task.task_id)}) == 59
+    # it finds (nearly) all before 64 samples in a row bring nothing new: the rarest can be missed, and which
+    # are rare depends on the CPU the target names (its vector width)
+    assert summary["status"] == "finished" and 55 <= summary["trials_measured"] <= 60
+    assert len({r.key for r in store.records(task.task_id)}) == summary["trials_measured"]
     assert summary["tasks"][0]["stopped"] == "search 'random' has no new candidates"
 
 

@@ -8,7 +8,8 @@ Two tools, neither of which touches Python or libtvm (valgrind on a Python+TVM p
   VMs), branches and mispredicts. Only parallel task 0 of the target's cores runs: one core's share of the
   work with its private L1/L2, at half the cost. Counts are deterministic.
 - **llvm-mca** estimates the steady-state throughput of the kernel's hot loop, found in the disassembly as the
-  innermost loop with the most floating-point work (``objdump``), for the target's ``mcpu``.
+  innermost loop with the most floating-point work (``objdump``), for the target's ``mcpu`` (or the nearest
+  older CPU of its line that the installed llvm-mca knows).
 
 AVX-512 code cannot run under valgrind (it stops at the first such instruction): a library that contains any
 gets only the llvm-mca metrics and ``cpu.avx512 = 1``; its callgrind metrics are missing, not zero.
@@ -185,6 +186,29 @@ def hot_loop(instructions: Sequence[tuple[int, str, str]]) -> list[tuple[str, st
     return best
 
 
+# A CPU newer than the installed llvm-mca (Debian 12's LLVM 14 has no znver4) is estimated with the newest
+# model of its line that llvm-mca knows (the closest scheduling model it has) and that can run the code.
+_PREDECESSOR = {"znver5": "znver4", "znver4": "znver3", "znver3": "znver2", "znver2": "znver1",
+                "graniterapids": "sapphirerapids", "emeraldrapids": "sapphirerapids",
+                "sapphirerapids": "icelake-server", "arrowlake": "alderlake", "meteorlake": "alderlake",
+                "raptorlake": "alderlake", "alderlake": "skylake"}
+_WITHOUT_AVX512 = {"znver3", "znver2", "znver1", "alderlake", "skylake"}
+
+
+@functools.lru_cache(maxsize=None)
+def mca_cpu(mcpu: str, avx512: bool = False) -> str:
+    """The processor to give llvm-mca for code built for ``mcpu``: itself when llvm-mca knows it, else its
+    nearest predecessor that llvm-mca knows (with AVX-512 when the code uses it), else a generic x86-64."""
+    if not mcpu:
+        return "native"
+    listing = subprocess.run([require("llvm-mca"), "-mtriple=x86_64-unknown-linux-gnu", "-mcpu=help"],
+                             input="", capture_output=True, text=True, timeout=30)
+    known = {line.split()[0] for line in (listing.stdout + listing.stderr).splitlines() if line.startswith("  ")}
+    while mcpu and (mcpu not in known or (avx512 and mcpu in _WITHOUT_AVX512)):
+        mcpu = _PREDECESSOR.get(mcpu, "")
+    return mcpu or ("x86-64-v4" if avx512 else "x86-64")
+
+
 def mca(instructions: Sequence[tuple[int, str, str]], mcpu: str, timeout: float = 30.0) -> dict[str, float]:
     """llvm-mca's steady-state estimate of the hot loop (see ``hot_loop``); {} when the code has no loop."""
     body = hot_loop(instructions)
@@ -195,8 +219,8 @@ def mca(instructions: Sequence[tuple[int, str, str]], mcpu: str, timeout: float 
         if mnemonic.startswith("j"):
             operands = "loop"  # branch targets are addresses in the library; llvm-mca needs a label
         lines.append(f"  {mnemonic} {operands}")
-    command = [require("llvm-mca"), "-mtriple=x86_64-unknown-linux-gnu", f"-mcpu={mcpu or 'native'}", "--json",
-               "-iterations=100"]
+    command = [require("llvm-mca"), "-mtriple=x86_64-unknown-linux-gnu",
+               f"-mcpu={mca_cpu(mcpu, uses_avx512(instructions))}", "--json", "-iterations=100"]
     done = subprocess.run(command, input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:
         raise RuntimeError(f"llvm-mca: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else 'failed'}")
