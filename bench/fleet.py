@@ -4,15 +4,16 @@ Every variant is `tunecore run --search random` as its own process, one after th
 trials and seed (so they measure the same programs), timed from process start to exit:
 
   local          the local measurer (warm build pool, one runner process)
-  rpc            builds here, runs on `--servers` TVM RPC servers (tunecore fleet server) on this machine
   dask           builds on a Dask LocalCluster (127.0.0.1), runs here
-  dask+rpc       both
+  rpc xN         builds here, runs on N TVM RPC servers (tunecore fleet server) on this machine
+  dask+rpc xN    both
 
 On one machine the servers share its cores, so this measures the fleet's overhead (sessions, uploads, Dask
-tasks), not a speed-up; with boards elsewhere, runs happen in parallel. The best latency found by each
-variant shows that a candidate measures the same over RPC as here.
+tasks), not a speed-up; with boards elsewhere, runs happen in parallel. With one server, the best latency found
+shows that a candidate measures the same over RPC as here; with two servers on two cores, two candidates run at
+once on the same cores, as they would on any host that serves more devices than it has cores for.
 
-    python bench/fleet.py [--model op:matmul-512] [--trials 64] [--servers 2]
+    python bench/fleet.py [--model op:matmul-512] [--trials 64] [--servers 1,2]
 
 Writes bench/results/fleet.{json,md}.
 """
@@ -30,26 +31,31 @@ def main() -> None:
     parser = experiments.script_parser(__doc__, __file__)
     parser.add_argument("--model", default="op:matmul-512")
     parser.add_argument("--trials", type=int, default=64)
-    parser.add_argument("--servers", type=int, default=2)
+    parser.add_argument("--servers", default="1,2", help="server counts to run the rpc variants with")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
-    fleet = Fleet(key="bench", servers=args.servers)
-    try:
-        rpc = fleet.cli_options()
-        dask = ["-O", "measurer.builder=dask"]
-        variants = {"local": [], "rpc": rpc, "dask": dask, "dask+rpc": dask + rpc}
-        results = {}
-        for name, extra in variants.items():
-            print(f"running {name} ...", file=sys.stderr, flush=True)
-            r = run_tunecore(args.model, args.trials, args.seed, search="random", cost_model="none", store="memory:",
-                             extra_args=extra)
-            r["candidates_per_min"] = r["measured"] / r["wall_s"] * 60
-            results[name] = {k: r[k] for k in ("wall_s", "measured", "errors", "best_latency_s", "phase_s",
-                                               "candidates_per_min")}
-            print(f"  {r['measured']} measured ({r['errors']} failed) in {r['wall_s']:.1f} s", file=sys.stderr)
-    finally:
-        fleet.close()
+    dask = ["-O", "measurer.builder=dask"]
+    results = {}
+
+    def variant(name: str, extra: list[str]) -> None:
+        print(f"running {name} ...", file=sys.stderr, flush=True)
+        r = run_tunecore(args.model, args.trials, args.seed, search="random", cost_model="none", store="memory:",
+                         extra_args=extra)
+        r["candidates_per_min"] = r["measured"] / r["wall_s"] * 60
+        results[name] = {k: r[k] for k in ("wall_s", "measured", "errors", "best_latency_s", "phase_s",
+                                           "candidates_per_min")}
+        print(f"  {r['measured']} measured ({r['errors']} failed) in {r['wall_s']:.1f} s", file=sys.stderr)
+
+    variant("local", [])
+    variant("dask", dask)
+    for servers in (int(n) for n in args.servers.split(",")):
+        fleet = Fleet(key=f"bench{servers}", servers=servers)
+        try:
+            variant(f"rpc x{servers}", fleet.cli_options())
+            variant(f"dask+rpc x{servers}", dask + fleet.cli_options())
+        finally:
+            fleet.close()
     report = {"benchmark": "fleet", "model": args.model, "trials": args.trials, "servers": args.servers,
               "seed": args.seed, "environment": environment(), "results": results, "command": command_line("fleet.py")}
     write_results(args.out, "fleet", report, markdown(report))
@@ -58,7 +64,7 @@ def main() -> None:
 def markdown(report: dict) -> str:
     local = report["results"]["local"]
     lines = [
-        f"# Fleet parts: {report['model']}, {report['trials']} trials, {report['servers']} RPC servers on this machine",
+        f"# Fleet parts: {report['model']}, {report['trials']} trials, RPC servers on this machine",
         "",
         experiments.environment_line(report),
         "",

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from tunecore.data import Candidate
+from tunecore.errors import MeasurerUnavailable
 from tunecore.measure.local import LocalMeasurer
 from tunecore.testing import sample_candidates, tiny_task
 from tunecore.testing.cli import assert_one_line_exit_2, run_cli
@@ -47,8 +48,11 @@ def test_candidates_run_on_every_device_and_the_device_describes_itself(fleet, t
 
 @pytest.fixture(scope="module")
 def plain(fleet):
-    """TVM's own server under the key "plain", beside the fleet's tunecore servers."""
-    fleet.add_server(plain=True, key="plain")
+    """TVM's own server under the key "plain", beside the fleet's tunecore servers, started as docs/fleet.md
+    says: with as many threads as the target has cores."""
+    from tunecore.targets import physical_cores
+
+    fleet.add_server(plain=True, key="plain", threads=physical_cores())
     fleet.wait_for(1, key="plain")
     return dict(fleet.options(), key="plain")
 
@@ -61,6 +65,22 @@ def test_a_plain_tvm_server_is_described_by_its_llvm_cpu(plain, target, matmul_t
         assert measurer.device()["cpu"] == f"llvm:{codegen.llvm_get_system_cpu()}"
         (result,) = measurer.measure(matmul_task, sample_candidates(matmul_task, 1))
         assert result.error is None
+    finally:
+        measurer.close()
+
+
+def test_a_device_that_runs_fewer_threads_than_the_target_has_cores_is_taken_out(fleet, target, matmul_task):
+    cores = int(target.attrs["num-cores"])
+    if cores < 2:
+        pytest.skip("needs a target with 2 cores or more")
+    fleet.add_server(plain=True, key="narrow", threads=cores - 1)
+    fleet.wait_for(1, key="narrow")
+    measurer = LocalMeasurer(target, **fleet.options(key="narrow", queue_timeout=5))
+    try:
+        with pytest.raises(MeasurerUnavailable):
+            measurer.measure(matmul_task, sample_candidates(matmul_task, 1))
+        (why,) = measurer.runner.lost.values()
+        assert f"runs kernels on {cores - 1} threads" in why and f"TVM_NUM_THREADS={cores}" in why, why
     finally:
         measurer.close()
 

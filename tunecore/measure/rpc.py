@@ -326,6 +326,13 @@ class RpcRunner(Runner, Screen):
         screen_above = self.screen_above(task.task_id)
 
         def timed() -> list[float]:
+            cores = int(self.target.attrs.get("num-cores", 0)) if kind == "llvm" else 0
+            if cores:  # as many threads as the target has cores, as here (at most what the server allows)
+                session.get_function("runtime.config_threadpool")(1, cores)  # 1: TVM's default affinity
+                threads = session.get_function("runtime.NumThreads")()
+                if threads < cores:  # a plain TVM server uses half the CPUs it counts: wrong latencies
+                    raise _Outage(f"it runs kernels on {threads} threads and the target has {cores} cores; start "
+                                  f"its server with TVM_NUM_THREADS={cores}")
             fill = make_fill(session.get_function("tvm.contrib.random.random_fill_for_measure"))
             args = alloc_argument_common(fill, device, artifact.arguments(task), 1)
             return time_function(module, device, args, self.evaluator, screen_above, _round_trip(device))
@@ -397,6 +404,9 @@ def serve(tracker: tuple[str, int], key: str, host: str, port: int, port_end: in
     import psutil
     from tvm.rpc.server import Server
 
+    from tunecore.targets import host_target, use_target_threads
+
+    use_target_threads(host_target())  # the sessions' thread pools can use every core; each run narrows its own
     registry = Tracker(tracker)
     try:
         while True:

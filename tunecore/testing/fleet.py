@@ -73,14 +73,18 @@ class Fleet:
             out += ["-O", f"measurer.{key}={value}"]
         return out
 
-    def add_server(self, plain: bool = False, key: str | None = None) -> subprocess.Popen:
-        """``plain``: TVM's own server (python -m tvm.exec.rpc_server), which does not know tunecore."""
+    def add_server(self, plain: bool = False, key: str | None = None, threads: int | None = None) -> subprocess.Popen:
+        """``plain``: TVM's own server (python -m tvm.exec.rpc_server), which does not know tunecore, with
+        ``TVM_NUM_THREADS=threads`` (None: TVM's own default, half the CPUs it counts)."""
         port = free_port()
         if plain:
+            env = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "TUNECORE_SET_TVM_NUM_THREADS")}
+            if threads:
+                env["TVM_NUM_THREADS"] = str(threads)
             process = subprocess.Popen(
                 [sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1", "--port", str(port),
                  "--port-end", str(port + 1), "--tracker", self.address, "--key", key or self.key],
-                start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
         else:
             process = start("fleet", "server", "--tracker", self.address, "--key", key or self.key,
                             "--port", str(port), "--port-end", str(port + 1))
