@@ -43,7 +43,7 @@ from tunecore.roles import Artifact, Profiler, Runner
 DESCRIBE_FUNCTION = "tunecore.device_descriptor"  # registered on the device by `tunecore fleet server`
 _CONNECT_TIMEOUT_S = 15.0  # connecting and reading the device's identity
 _GRACE_S = 10.0  # after run_timeout, how long the server has to report that it ended the session
-_REVIVE_S = 15.0  # how long a crashed server has to register again before its device counts as lost
+_REVIVE_S = 25.0  # how long a crashed server has to register again before its device counts as lost
 
 
 def parse_address(text: str, option: str) -> tuple[str, int]:
@@ -396,6 +396,23 @@ def register_device_functions() -> None:
         return json.dumps(device_descriptor(target_from_json(target_json)))
 
 
+# TVM's server registers again with a restarted tracker within its retry period (5 s): a server unlisted for
+# longer than that, under load too, has stopped serving
+_UNLISTED_S = 8.0
+
+
+def _start_server(server_class: Any, **options: Any) -> Any:
+    """TVM's server, trying for 30 s while its port is still held (by the server just stopped)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return server_class(**options)
+        except (OSError, ValueError):  # ValueError: "cannot bind to any port"
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 def serve(tracker: tuple[str, int], key: str, host: str, port: int, port_end: int,
           say: Callable[[str], None] = print) -> None:
     """Run TVM's RPC server for ``key`` until interrupted, starting it again whenever it stops serving: when a
@@ -410,8 +427,8 @@ def serve(tracker: tuple[str, int], key: str, host: str, port: int, port_end: in
     registry = Tracker(tracker)
     try:
         while True:
-            server = Server(host=host, port=port, port_end=port_end, tracker_addr=tracker, key=key, silent=True,
-                            server_init_callback=register_device_functions)
+            server = _start_server(Server, host=host, port=port, port_end=port_end, tracker_addr=tracker, key=key,
+                                   silent=True, server_init_callback=register_device_functions)
             say(f"rpc server for key '{key}' on {host}:{server.port}, registered with the tracker at "
                 f"{tracker[0]}:{tracker[1]}")
             missing_since: float | None = time.monotonic()  # until it is listed for the first time
@@ -425,7 +442,7 @@ def serve(tracker: tuple[str, int], key: str, host: str, port: int, port_end: in
                     missing_since = None
                 elif missing_since is None:
                     missing_since = time.monotonic()
-                elif time.monotonic() - missing_since > 6.0:
+                elif time.monotonic() - missing_since > _UNLISTED_S:
                     break
             server.terminate()
             say("rpc server stopped serving (a kernel crashed its session?); starting it again")
