@@ -30,6 +30,6 @@ for project in plugins/*/; do
         plugins+=(-e "$project")
     fi
 done
-.venv/bin/python -m pip install --quiet -e ".[test,fleet]" "${plugins[@]}"
+.venv/bin/python -m pip install --quiet -e ".[test,fleet,models]" "${plugins[@]}"
 .venv/bin/tunecore plugins > /dev/null
 echo "tunecore installed in $(pwd)/.venv with $(( ${#plugins[@]} / 2 )) plugin(s); run .venv/bin/tunecore --help"

@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 class TuneConfig:
     """One tuning run, as ``tunecore run`` takes it; ``tunecore bench`` makes one per cell."""
 
-    model: str  # zoo:<name> | op:<name> | a path to .onnx or to a Relax module .json
+    model: str  # zoo:<name> | op:<name> | a path to .onnx, to file.py:factory or to a Relax module .json
+    input_shapes: dict[str, tuple[int, ...]] | None = None  # --input-shape: an ONNX or PyTorch model's inputs
     # the workload's budget, whichever ends first, earlier runs included: records its runs put in the
     # store, seconds its runs tuned (None: no limit of that kind; one of the two must be given)
     trials: int | None = None
@@ -138,7 +139,7 @@ def tune(
     tvm_target = resolve_target(config.target)
     registry = Registry.shared()
     with components(tvm_target, config, registry) as (search, cost_model, store, measurer):
-        workload = load_workload(config.model)
+        workload = load_workload(config.model, config.input_shapes)
         tasks = extract_tasks(workload, tvm_target)
         if on_tasks:
             on_tasks(tasks)

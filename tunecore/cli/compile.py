@@ -21,12 +21,12 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from tunecore import api
     from tunecore.compile import compile_and_check
     from tunecore.targets import resolve_target
-    from tunecore.workloads import load_workload
+    from tunecore.workloads import load_workload, parse_input_shapes
 
     target = resolve_target(args.target)
     store = api.open_store(args.store, create=False)
     try:
-        workload = load_workload(args.model)
+        workload = load_workload(args.model, parse_input_shapes(args.input_shape))
         with render.console(stderr=True).status(f"compiling {args.model} tuned and untuned, checking and timing both"):
             report = compile_and_check(workload, target, store, output=args.output)
     finally:
@@ -38,10 +38,13 @@ def cmd_compile(args: argparse.Namespace) -> int:
             f"{report['model']}: tuned {report['latency_ms']:.4g} ms, untuned {report['untuned_latency_ms']:.4g} ms "
             f"({report['speedup']:.2f}x); {report['tasks_tuned']}/{report['tasks_total']} tasks had records; "
             f"outputs {'match' if report['outputs_match'] else 'DIFFER'} "
-            f"(max relative error {report['max_relative_error']:.2g})"
+            f"(max relative error {report['max_relative_error']:.2g}"
+            + (f"; against {report['reference']} {report['reference_relative_error']:.2g}" if report["reference"]
+               else "") + ")"
             + (f"; library written to {report['output']}" if report["output"] else "")
         )
     if not report["outputs_match"]:
-        print("tunecore: error: the tuned build's outputs differ from the untuned build's", file=sys.stderr)
+        print("tunecore: error: the tuned build's outputs differ from the untuned build's"
+              + (f" or {report['reference']}'s" if report["reference"] else ""), file=sys.stderr)
         return 1
     return 0

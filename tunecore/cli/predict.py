@@ -28,7 +28,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from tunecore.predict import predict_workload
     from tunecore.registry import Registry
     from tunecore.targets import resolve_target
-    from tunecore.workloads import load_workload
+    from tunecore.workloads import load_workload, parse_input_shapes
 
     target = resolve_target(args.target)
     registry = Registry.shared()
@@ -39,7 +39,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     # no store is fine: every task is predicted as it is (untuned)
     store = api.open_store(args.store, create=False) if args.store or os.path.exists("tunecore.db") else None
     try:
-        workload = load_workload(args.model)
+        workload = load_workload(args.model, parse_input_shapes(args.input_shape))
         doing = f"predicting {args.model}" + (" and measuring it" if args.measure else "")
         with render.console(stderr=True).status(doing):
             report = predict_workload(workload, target, store, cost_model, measure=args.measure)

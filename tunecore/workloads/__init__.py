@@ -1,7 +1,8 @@
 """Workloads (what the user tunes) and their tasks (what the tuner tunes).
 
-``--model`` accepts ``zoo:<name>``, ``op:<name>``, a path to an ``.onnx`` file, or a path to a Relax
-IRModule saved with ``tvm.ir.save_json`` (``.json``). Networks are legalized and fused exactly as
+``--model`` accepts ``zoo:<name>``, ``op:<name>``, a path to an ``.onnx`` file, a PyTorch factory
+``file.py:function`` (tunecore.workloads.torch_import), or a path to a Relax IRModule saved with
+``tvm.ir.save_json`` (``.json``). Networks are legalized and fused exactly as
 ``tunecore compile`` will build them, one task per fused TIR function.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from typing import Any
+from typing import Any, Callable
 
 from tunecore.data import Task, task_id_for
 from tunecore.errors import UsageError
@@ -18,13 +19,32 @@ from tunecore.errors import UsageError
 
 @dataclasses.dataclass
 class Workload:
-    name: str  # normalised spec: "zoo:resnet-18", "op:matmul-512", "onnx:/abs/model.onnx", "relax:/abs/mod.json"
+    # normalised spec: "zoo:resnet-18", "op:matmul-512", "onnx:/abs/m.onnx", "torch:/abs/m.py:f", "relax:/abs/m.json"
+    name: str
     mod: Any  # Relax IRModule (network) or IRModule with the PrimFunc "main" (single operator)
     is_network: bool
+    # what the model's own framework computes for the same inputs (onnxruntime, torch), when it is at hand
+    reference: Callable[[list], list] | None = None
+    reference_name: str = ""
 
 
-def load_workload(spec: str) -> Workload:
-    """The workload a ``--model`` value names; UsageError with one line if it cannot be loaded."""
+def load_workload(spec: str, input_shapes: dict[str, tuple[int, ...]] | None = None) -> Workload:
+    """The workload a ``--model`` value names; UsageError with one line if it cannot be loaded.
+    ``input_shapes`` (``--input-shape``) binds the inputs of an ONNX file or a PyTorch module."""
+    torch_spec = re.fullmatch(r"(?:torch:)?(.+\.py)(?::(\w+))?", spec)
+    if input_shapes and not (torch_spec or spec.startswith("onnx:") or spec.endswith(".onnx")):
+        raise UsageError(f"--input-shape: {spec} has fixed shapes; it applies to ONNX files and PyTorch modules")
+    if torch_spec:
+        path, factory = torch_spec.groups()
+        if not os.path.exists(path):
+            raise UsageError(f"--model {spec}: no such file")
+        if not factory:
+            raise UsageError(f"--model {spec}: name the function that builds the model, e.g. {path}:make_model")
+        from tunecore.workloads.torch_import import load_torch
+
+        path = os.path.abspath(path)
+        mod, reference = load_torch(path, factory, input_shapes)
+        return Workload(f"torch:{path}:{factory}", mod, True, reference, "torch")
     if spec.startswith("zoo:"):
         from tunecore.workloads.zoo import ZOO_NAMES, build_zoo_model
 
@@ -42,9 +62,22 @@ def load_workload(spec: str) -> Workload:
     path = os.path.abspath(path)
     if spec.startswith("relax:") or path.endswith(".json"):
         return Workload(f"relax:{path}", _load_relax_json(path), True)
-    from tunecore.workloads.onnx_import import load_onnx
+    from tunecore.workloads.onnx_import import load_onnx, onnxruntime_reference
 
-    return Workload(f"onnx:{path}", load_onnx(path), True)
+    reference = onnxruntime_reference(path)
+    return Workload(f"onnx:{path}", load_onnx(path, input_shapes), True, reference,
+                    "onnxruntime" if reference else "")
+
+
+def parse_input_shapes(values: list[str] | None) -> dict[str, tuple[int, ...]]:
+    """``--input-shape NAME=1x3x224x224`` values (repeatable, or comma-separated) as a dict."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for item in (s.strip() for value in values or [] for s in value.split(",") if s.strip()):
+        match = re.fullmatch(r"([^=]+)=(\d+(?:x\d+)*)?", item)
+        if not match:
+            raise UsageError(f"--input-shape {item}: expected NAME=DIMS, e.g. input=1x3x224x224 (a scalar: NAME=)")
+        shapes[match.group(1)] = tuple(int(d) for d in match.group(2).split("x")) if match.group(2) else ()
+    return shapes
 
 
 def expand_models(specs: list[str]) -> list[str]:
