@@ -24,7 +24,6 @@ import importlib.util
 import os
 import sys
 import tempfile
-import time
 from typing import Any, Callable
 
 import e2e_gap
@@ -64,12 +63,10 @@ def network(name: str) -> tuple[Any, np.ndarray]:
 
 
 def export_onnx(model: Any, example: Any, path: str) -> None:
-    import torch
+    from tunecore.testing.corpus import export_onnx as export
 
     if not os.path.exists(path):
-        torch.onnx.export(model, (example,), path + ".tmp", input_names=["input"], output_names=["output"],
-                          opset_version=17, dynamo=False)
-        os.replace(path + ".tmp", path)
+        export(model, (example,), ("input",), (), path)
 
 
 def tune(onnx_path: str, store: str, search: str, cost_model: str, trials: int | None, seconds: float | None,
@@ -149,16 +146,6 @@ def _failing(message: str) -> Callable:
     return run
 
 
-def _median_call_seconds(function: Callable) -> float:
-    """One pass: calls for at least 0.3 s (and at least 2), median seconds per call."""
-    times, started = [], time.perf_counter()
-    while time.perf_counter() - started < 0.3 or len(times) < 2:
-        t = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - t)
-    return float(np.median(times))
-
-
 def check_and_time(functions: dict[str, Callable], reference: np.ndarray, passes: int) -> dict[str, dict]:
     from tunecore.compile import max_relative_error
 
@@ -169,8 +156,8 @@ def check_and_time(functions: dict[str, Callable], reference: np.ndarray, passes
         except Exception as e:
             results[name] = {"error": str(e)}
     live = {name: f for name, f in functions.items() if "error" not in results[name]}
-    samples = experiments.passes_together({name: lambda f=f: _median_call_seconds(f) for name, f in live.items()},
-                                          passes)
+    timers = {name: lambda f=f: experiments.median_call_seconds(f) for name, f in live.items()}
+    samples = experiments.passes_together(timers, passes)
     for name, seconds in samples.items():
         results[name]["passes_ms"] = [s * 1e3 for s in seconds]
         results[name]["latency_ms"] = float(np.median(results[name]["passes_ms"]))

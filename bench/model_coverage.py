@@ -25,8 +25,6 @@ import subprocess
 import sys
 import time
 
-import numpy as np
-
 from tunecore import experiments
 from tunecore.experiments import command_line, environment, write_results
 
@@ -105,24 +103,12 @@ def framework_latency(name: str, spec: str, threads: int) -> tuple[str, float]:
         options.intra_op_num_threads = threads
         session = onnxruntime.InferenceSession(spec, options, providers=["CPUExecutionProvider"])
         feed = {i.name: x.numpy() for i, x in zip(session.get_inputs(), inputs)}
-        return "onnxruntime", median_ms(lambda: session.run(None, feed))
+        return "onnxruntime", experiments.median_call_seconds(lambda: session.run(None, feed)) * 1e3
     import torch
 
     torch.set_num_threads(threads)
     with torch.no_grad():
-        return "torch eager", median_ms(lambda: module(*inputs))
-
-
-def median_ms(call, repeat: int = 5, min_repeat_s: float = 0.2) -> float:
-    call()
-    timings = []
-    for _ in range(repeat):
-        count, started = 0, time.perf_counter()
-        while count == 0 or time.perf_counter() - started < min_repeat_s:
-            call()
-            count += 1
-        timings.append((time.perf_counter() - started) / count)
-    return float(np.median(timings)) * 1e3
+        return "torch eager", experiments.median_call_seconds(lambda: module(*inputs)) * 1e3
 
 
 def error_text(error: Exception) -> str:

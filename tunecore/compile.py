@@ -85,6 +85,10 @@ def _split_layout_rewrite_preproc(mod: Any, _context: Any) -> Any:
     from tvm import relax
 
     split = relax.transform.SplitLayoutRewritePreproc()
+    try:
+        return split(mod)
+    except tvm.error.InternalError:
+        pass
     opaque = {}
     for gv, func in mod.functions.items():
         if isinstance(func, tvm.tirx.PrimFunc):
@@ -92,8 +96,6 @@ def _split_layout_rewrite_preproc(mod: Any, _context: Any) -> Any:
                 split(tvm.IRModule({"main": func}))
             except tvm.error.InternalError:
                 opaque[gv] = func
-    if not opaque:
-        return split(mod)
     rest = tvm.IRModule({gv: func for gv, func in mod.functions.items() if gv not in opaque}, attrs=mod.attrs,
                         global_infos=mod.global_infos)
     out = split(rest)

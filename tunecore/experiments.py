@@ -195,6 +195,18 @@ def pass_orders(names: Sequence[str], passes: int, seed: int | None = None) -> l
     return [[names[j] for j in rng.permutation(len(names))] for _ in range(passes)]
 
 
+def median_call_seconds(function: Callable[[], Any]) -> float:
+    """One pass: calls for at least 0.3 s (and at least 2), median seconds per call."""
+    import numpy as np
+
+    times, started = [], time.perf_counter()
+    while time.perf_counter() - started < 0.3 or len(times) < 2:
+        t = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - t)
+    return float(np.median(times))
+
+
 def passes_together(timers: dict[str, Callable[[], float]], passes: int,
                     seed: int | None = None) -> dict[str, list[float]]:
     """Seconds from each timer in each pass over all of them, in the orders of ``pass_orders``."""

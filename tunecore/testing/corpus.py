@@ -1,4 +1,4 @@
-"""Real model definitions for import coverage (tests/test_model_corpus.py, bench/model_coverage.py).
+"""Real model definitions for import coverage (tests/test_model_import.py, bench/model_coverage.py).
 
 Hugging Face ``transformers`` architectures are built from their configs with random weights (nothing is
 downloaded), at their real widths but fewer layers (layers repeat, so the kernels are the same); the rest are

@@ -62,13 +62,15 @@ def load_onnx(path: str, input_shapes: dict[str, tuple[int, ...]] | None = None)
 def onnxruntime_reference(path: str) -> Any:
     """A function running the file in onnxruntime on numpy inputs (in the graph's input order), or None when
     onnxruntime is not installed (the ``models`` extra)."""
-    try:
-        import onnxruntime
-    except ImportError:
+    import importlib.util
+
+    if importlib.util.find_spec("onnxruntime") is None:
         return None
     session = None
 
     def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
+        import onnxruntime
+
         nonlocal session
         if session is None:
             session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
@@ -123,11 +125,8 @@ def bind_input_shapes(model: Any, given: dict[str, tuple[int, ...]], label: str)
 
 
 def fold_static_shapes(model: Any, shapes: dict[str, list[int]]) -> Any:
-    """``model`` with its inputs' shapes fixed and every small computation on known values (shape chains:
-    Shape, Gather, Concat, arithmetic, Range, ...) replaced by the constant it computes."""
-    import onnx
-
-    model = onnx.ModelProto.FromString(model.SerializeToString())  # the caller's model stays as it was
+    """``model``, changed in place: its inputs' shapes fixed and every small computation on known values
+    (shape chains: Shape, Gather, Concat, arithmetic, Range, ...) replaced by the constant it computes."""
     for value in model.graph.input:
         if value.name in shapes:
             for dim, size in zip(value.type.tensor_type.shape.dim, shapes[value.name]):
