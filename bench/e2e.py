@@ -147,7 +147,7 @@ def _failing(message: str) -> Callable:
 
 
 def check_and_time(functions: dict[str, Callable], reference: np.ndarray, passes: int) -> dict[str, dict]:
-    from tunecore.compile import max_relative_error
+    from tunecore.check import max_relative_error
 
     results: dict[str, dict] = {}
     for name, f in functions.items():

@@ -80,8 +80,8 @@ def alone_seconds(tasks: list, database: Any, target: Any) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as directory:
         for task in tasks:
             mod = scheduled_operator(Workload(task.name, task.mod, False), target, database)
-            path, _, args = worker.build(tvm.ir.save_json(mod), target_json, directory)
-            out[task.name] = float(np.median(worker.run(path, target_json, args, evaluator, None)))
+            path, _, args, _ = worker.build(tvm.ir.save_json(mod), target_json, directory)
+            out[task.name] = float(np.median(worker.run(path, target_json, args, evaluator, None)[0]))
     return out
 
 
@@ -158,7 +158,8 @@ def _group() -> dict:
 def analyse(onnx_path: str, store_file: str, runs: int) -> dict:
     import tvm
 
-    from tunecore.compile import Runnable, best_database, build, max_relative_error, random_inputs
+    from tunecore.check import max_relative_error
+    from tunecore.compile import Runnable, best_database, build, random_inputs
     from tunecore.store.sqlite import SqliteStore
     from tunecore.targets import resolve_target, use_target_threads
     from tunecore.workloads import extract_tasks, load_workload

@@ -125,7 +125,7 @@ def test_weights_are_packed_once_when_compiled_not_on_every_call(tmp_path, targe
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from tunecore.compile import max_relative_error
+    from tunecore.check import max_relative_error
     from tunecore.data import Candidate, MeasureResult, Record
     from tunecore.measure import worker
     from tunecore.space import DesignSpace
@@ -141,7 +141,7 @@ def test_weights_are_packed_once_when_compiled_not_on_every_call(tmp_path, targe
     packed = []
     for task in tasks:
         candidate = Candidate.from_schedule(task, DesignSpace(task, seed=0).sample(seed=1))
-        _, _, args = worker.build(tvm.ir.save_json(candidate.mod), target_to_json(target), str(tmp_path))
+        _, _, args, _ = worker.build(tvm.ir.save_json(candidate.mod), target_to_json(target), str(tmp_path))
         if args != task.args:
             packed.append(task.name)
         store.commit([Record.from_result(candidate, MeasureResult(run_secs=[1e-3]))])

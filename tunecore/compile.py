@@ -11,16 +11,18 @@ from typing import Any
 
 import numpy as np
 
+from tunecore.check import mismatch, random_array
 from tunecore.errors import UsageError
 from tunecore.roles import RecordStore
 from tunecore.workloads import Workload, extract_tasks
 
-# fp32 results of reordered reductions differ in the last bits; relative to the output's magnitude
-_RELATIVE_TOLERANCE = 1e-3
 
+def best_database(store: RecordStore, tasks: list, target: Any,
+                  chosen: dict[str, str] | None = None) -> tuple[Any, int]:
+    """A MetaSchedule in-memory database with the best stored record of each task; returns (db, tasks covered).
 
-def best_database(store: RecordStore, tasks: list, target: Any) -> tuple[Any, int]:
-    """A MetaSchedule in-memory database with the best stored record of each task; returns (db, tasks covered)."""
+    ``chosen``: task id -> the key of the record to use (a task not in it is left untuned).
+    """
     from tvm.s_tir import meta_schedule as ms
 
     from tunecore.tvmjson import replay_trace_json
@@ -28,7 +30,12 @@ def best_database(store: RecordStore, tasks: list, target: Any) -> tuple[Any, in
     db = ms.database.MemoryDatabase()
     covered = 0
     for task in tasks:
-        for record in store.best(task.task_id, k=4):  # fall back if a trace no longer applies
+        if chosen is not None and task.task_id not in chosen:
+            continue
+        records = store.best(task.task_id, k=4)  # fall back if a trace no longer applies
+        if chosen is not None:
+            records = [r for r in store.records(task.task_id) if r.key == chosen[task.task_id]]
+        for record in records:
             try:
                 trace = replay_trace_json(task.mod, record.trace_json).trace
             except Exception:
@@ -148,27 +155,8 @@ def random_inputs(workload: Workload, seed: int = 0) -> list[np.ndarray]:
         from tvm.s_tir import meta_schedule as ms
 
         specs = [(tuple(a.shape), str(a.dtype), "") for a in ms.arg_info.ArgInfo.from_prim_func(workload.mod["main"])]
-    out = []
-    for shape, dtype, name in specs:
-        if "int" in dtype:
-            out.append(rng.integers(0, 16, size=shape).astype(dtype))
-            continue
-        values = rng.uniform(-1.0, 1.0, size=shape)
-        if name.endswith(".weight") and len(shape) >= 2:
-            # Scaled by fan-in, as trained weights are: unscaled, activations grow layer by layer until
-            # relu6 saturates and the outputs are sums that cancel, where reordering a reduction (all a
-            # schedule changes) moves them by far more than float32 rounding (mobilenet-v2: 10%).
-            values *= np.sqrt(3.0 / max(1, int(np.prod(shape[1:]))))
-        out.append(values.astype(dtype))
-    return out
-
-
-def max_relative_error(got: list[np.ndarray], expected: list[np.ndarray]) -> float:
-    """Largest difference between two builds' outputs, relative to each expected output's magnitude."""
-    return max(
-        float(np.max(np.abs(g.astype(np.float64) - e)) / max(1e-6, float(np.max(np.abs(e))))) if e.size else 0.0
-        for g, e in zip(got, expected)
-    )
+    return [random_array(shape, dtype, rng, weight=name.endswith(".weight"), integers=(0, 16))
+            for shape, dtype, name in specs]
 
 
 class Runnable:
@@ -222,7 +210,12 @@ def _flatten(value: Any) -> list:
 def compile_and_check(workload: Workload, target: Any, store: RecordStore, *, output: str | None = None,
                       repeat: int = 5, min_repeat_ms: int = 200) -> dict[str, Any]:
     """Build tuned and untuned, compare outputs, time both the same way (median of ``repeat`` timings, each
-    as many calls as fill ``min_repeat_ms``). Returns the report ``tunecore compile --json`` prints."""
+    as many calls as fill ``min_repeat_ms``). Returns the report ``tunecore compile --json`` prints.
+
+    When the outputs differ, each task's best record is checked on its own (tunecore.check.verify_best): the
+    wrong ones are marked failed in the store, and the model is built again with the best correct record of
+    each task. A store with no record for any of the workload's tasks is a UsageError: nothing was tuned.
+    """
     from tvm.s_tir import meta_schedule as ms
 
     from tunecore.targets import use_target_threads
@@ -230,22 +223,36 @@ def compile_and_check(workload: Workload, target: Any, store: RecordStore, *, ou
     threads = use_target_threads(target)
     tasks = extract_tasks(workload, target)
     database, covered = best_database(store, tasks, target)
+    if not covered:
+        raise UsageError(f"no task of {workload.name} has a record in the store: nothing was tuned (run "
+                         "`tunecore run` with this --model, --target and --store first)")
+    inputs = random_inputs(workload)
+    untuned = build(workload, target, ms.database.MemoryDatabase())
+    untuned_run = Runnable(untuned, workload, target, inputs)
+    expected = untuned_run.outputs()
     started = time.time()
     tuned = build(workload, target, database)
     compile_s = time.time() - started
-    untuned = build(workload, target, ms.database.MemoryDatabase())
-    inputs = random_inputs(workload)
     tuned_run = Runnable(tuned, workload, target, inputs)
-    untuned_run = Runnable(untuned, workload, target, inputs)
-    expected, got = untuned_run.outputs(), tuned_run.outputs()
-    error = max_relative_error(got, expected)
+    got = tuned_run.outputs()
+    error, wrong = mismatch(got, expected)
+    replaced: list[str] = []
+    if wrong is not None:  # find the tasks whose records are wrong, and build with correct ones
+        chosen, replaced = _correct_records(store, tasks, target)
+        database, covered = best_database(store, tasks, target, chosen)
+        tuned = build(workload, target, database)
+        tuned_run = Runnable(tuned, workload, target, inputs)
+        got = tuned_run.outputs()
+        error, wrong = mismatch(got, expected)
     # the model's own framework on the same inputs: catches an import that changed what the model computes,
     # which the untuned build shares with the tuned one
-    reference_error = None
+    reference_error, reference_wrong = None, None
     if workload.reference is not None:
         reference = workload.reference(inputs)
-        reference_error = (max_relative_error(got, reference) if len(reference) == len(got)
-                           and all(r.shape == g.shape for r, g in zip(reference, got)) else float("inf"))
+        if len(reference) == len(got) and all(r.shape == g.shape for r, g in zip(reference, got)):
+            reference_error, reference_wrong = mismatch(got, reference)
+        else:
+            reference_error, reference_wrong = float("inf"), "outputs of other shapes"
     latency = tuned_run.time(repeat, min_repeat_ms)
     untuned_latency = untuned_run.time(repeat, min_repeat_ms)
     if output:
@@ -257,12 +264,32 @@ def compile_and_check(workload: Workload, target: Any, store: RecordStore, *, ou
         "latency_ms": latency * 1e3,
         "untuned_latency_ms": untuned_latency * 1e3,
         "speedup": untuned_latency / latency,
-        "outputs_match": bool(error <= _RELATIVE_TOLERANCE
-                              and (reference_error is None or reference_error <= _RELATIVE_TOLERANCE)),
+        "outputs_match": wrong is None and reference_wrong is None,
         "max_relative_error": error,
         "reference": workload.reference_name or None,
         "reference_relative_error": reference_error,
+        "wrong_records": replaced,  # tasks whose best record computed something else (now failed in the store)
         "compile_s": round(compile_s, 2),
         "threads": threads,
         "output": output,
     }
+
+
+def _correct_records(store: RecordStore, tasks: list, target: Any) -> tuple[dict[str, str], list[str]]:
+    """Each task's best record that passes the check on its own (task id -> key), and the names of the tasks
+    whose best record did not (now marked failed in the store)."""
+    from tunecore.check import verify_best
+    from tunecore.measure.local import LocalMeasurer
+
+    chosen, replaced = {}, []
+    measurer = LocalMeasurer(target)
+    try:
+        for task in tasks:
+            report = verify_best(store, task, measurer)
+            if report["best"] is not None:
+                chosen[task.task_id] = report["best"]
+            if report["wrong"]:
+                replaced.append(task.name)
+    finally:
+        measurer.close()
+    return chosen, replaced

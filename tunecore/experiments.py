@@ -222,7 +222,8 @@ def time_builds_together(model: str, stores: dict[str, str], passes: int) -> dic
     import numpy as np
     from tvm.s_tir import meta_schedule as ms
 
-    from tunecore.compile import Runnable, build, max_relative_error, random_inputs
+    from tunecore.check import max_relative_error
+    from tunecore.compile import Runnable, build, random_inputs
     from tunecore.targets import resolve_target, use_target_threads
     from tunecore.workloads import extract_tasks, load_workload
 

@@ -169,6 +169,11 @@ class RecordStore(Component):
     def best(self, task_id: str, k: int = 1) -> list[Record]:
         """The ``k`` fastest successful records of a task, fastest first."""
 
+    def mark_failed(self, task_id: str, key: str, error: str, profile: dict[str, float] | None = None) -> None:
+        """A stored success turned out to be wrong (``tunecore records check``): it becomes a failure with
+        ``error``, its timings kept, ``profile`` entries added; never again a best or a donor."""
+        raise NotImplementedError(f"record store '{self.name}' cannot mark records as failed")
+
     @abc.abstractmethod
     def counts(self, task_ids: Sequence[str]) -> dict[str, int]:
         """Number of records (failures included) per task id."""
@@ -247,6 +252,9 @@ class Artifact:
     # The built function's arguments (ArgInfo JSON, as Task.args), which differ from the task's where
     # RewriteLayout packed a weight; None: the task's.
     args: list | None = None
+    # Where the kernel takes packed weights: {"inputs": positions of the task's arguments the library's packing
+    # function (tunecore.measure.worker.PACK) packs, "outputs": positions of the kernel's arguments it fills}
+    packing: dict | None = None
 
     def arguments(self, task: Task) -> list:
         return self.args if self.args is not None else task.args
@@ -311,8 +319,21 @@ class Runner(Component):
 
     @abc.abstractmethod
     def run(self, task: Task, artifacts: Sequence[Artifact], profilers: Sequence[Profiler]) -> list[MeasureResult]:
-        """One result per artifact, in order (``run_secs``, or ``error`` for a crash or timeout), each
-        profiled by every profiler before the artifact may go away."""
+        """One result per artifact, in order (``run_secs``, or ``error`` for a crash, a timeout or wrong outputs),
+        each profiled by every profiler before the artifact may go away.
+
+        A runner that checks outputs compares those of the candidates it checks with the task's reference
+        (``set_reference``) after timing them, on the same seeded inputs: a candidate whose outputs differ
+        is a failure, ``"wrong output: max relative error ..."``; each one checked carries
+        ``profile["check.max_relative_error"]``."""
+
+    def needs_reference(self, task: Task) -> bool:
+        """Whether ``set_reference`` should be called before ``run`` for this task (False: it checks nothing)."""
+        return False
+
+    def set_reference(self, task: Task, reference: Artifact | str) -> None:
+        """The task's unscheduled program, built (or why it failed to build): the runner keeps its outputs on the
+        task's seeded inputs (tunecore.check) to compare candidates with."""
 
     def device(self) -> dict[str, Any]:
         """The device it times on; see ``Measurer.device``."""

@@ -38,8 +38,13 @@ class DesignSpace:
         self.rng = np.random.default_rng(seed)
 
     def apply_postprocs(self, sch: Any, postprocs: list | None = None) -> bool:
-        """Postprocess in place; False if the schedule turned out invalid."""
+        """Postprocess in place; False if the schedule turned out invalid.
+
+        The trace marks where postprocessing begins (as MetaSchedule's searches do): a replay of it with
+        ``remove_postproc=True`` (a mutation, a transfer to another task) postprocesses afresh.
+        """
         try:
+            sch.enter_postproc()
             return all(p.apply(sch) for p in (postprocs or self.postprocs))
         except Exception:  # a postprocessor can throw on a schedule it finds malformed: invalid
             return False
@@ -78,6 +83,7 @@ class DesignSpace:
         from tvm.s_tir.schedule import Trace
 
         sch = new_schedule(self.task.mod, seed=seed if seed is not None else int(self.rng.integers(1, 2**31 - 1)))
+        trace = self.sketch_part(trace)
         if not keep_decisions:
             trace = Trace(trace.insts, {})
         try:
@@ -93,6 +99,27 @@ class DesignSpace:
         if not self.apply_postprocs(sch, postprocs):
             return None, "rejected by a postprocessor"
         return sch, None
+
+    def sketch_part(self, trace: Any) -> Any:
+        """A trace of this task's, marked where its postprocessing begins (EnterPostproc).
+
+        Traces tunecore stored before it marked postprocessing have it inline: they are cut where the
+        sketch they follow ends. Replayed on another task, or after a mutation, the old postprocessing would
+        repeat decisions made for other loops and shapes (RewriteLayout's packing of a 1x1 conv's weights
+        drops a 3x3 kernel's taps). A trace that follows none of the sketches is returned as it is.
+        """
+        from tvm.s_tir.schedule import Instruction, InstructionKind, Trace
+
+        kinds = [inst.kind.name for inst in trace.insts]
+        if "EnterPostproc" in kinds:
+            return trace
+        lengths = [len(s.trace.insts) for s in self.sketches
+                   if kinds[:len(s.trace.insts)] == [inst.kind.name for inst in s.trace.insts]]
+        if not lengths:
+            return trace
+        insts = list(trace.insts)[: max(lengths)]  # the longest: a sketch may begin like a shorter one
+        decisions = {inst: trace.get_decision(inst) for inst in insts if trace.get_decision(inst) is not None}
+        return Trace([*insts, Instruction(InstructionKind.get("EnterPostproc"), [], [], [])], decisions)
 
     def mutators(self) -> list[tuple[Any, float]]:
         """The target's mutators (tile size, parallel, unroll, compute location...) with their probabilities."""

@@ -34,6 +34,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
     else:
+        if report["wrong_records"]:
+            render.console(stderr=True).print(
+                f"the best records of {', '.join(report['wrong_records'])} compute something else: marked failed in "
+                "the store; built with the best correct record of each instead", markup=False)
         render.console().print(
             f"{report['model']}: tuned {report['latency_ms']:.4g} ms, untuned {report['untuned_latency_ms']:.4g} ms "
             f"({report['speedup']:.2f}x); {report['tasks_tuned']}/{report['tasks_total']} tasks had records; "

@@ -1,5 +1,5 @@
-"""``tunecore records list|best|export|import|upgrade``: inspect stored records; MetaSchedule JSON databases both
-ways; copy a store into another; upgrade a shared store's schema."""
+"""``tunecore records list|best|check|export|import|upgrade``: inspect stored records; check that the best compute
+their tasks; MetaSchedule JSON databases both ways; copy a store into another; upgrade a shared store's schema."""
 
 from __future__ import annotations
 
@@ -33,6 +33,12 @@ def add_commands(register: Any) -> None:
     imported.add_argument("--format", choices=["metaschedule", "tunecore"], default="metaschedule",
                           help="metaschedule: a JSONDatabase directory; tunecore: a --store value (file or URL)")
     imported.add_argument("source", metavar="SOURCE")
+    check = sub.add_parser("check", help="check that each task's best records compute the task; mark the wrong ones "
+                                         "failed (stores made before tunecore checked outputs)")
+    add_common(check, model=False, target=False)
+    check.add_argument("--model", "-m", default=None, help="only tasks of this workload")
+    check.add_argument("--recheck", action="store_true",
+                       help="also check records that were checked when they were measured")
     upgrade = sub.add_parser("upgrade", help="bring a shared store written by an older tunecore to this one's schema "
                                              "(once, with no job using it)")
     add_common(upgrade, model=False, target=False, json_flag=False)
@@ -138,6 +144,58 @@ def _records_import(args: argparse.Namespace, store: Any) -> int:
     return 0
 
 
+def _records_check(args: argparse.Namespace, store: Any) -> int:
+    """Each task's best record checked on this machine (tunecore.check.verify_best), the wrong ones marked failed."""
+    from tunecore.check import verify_best
+    from tunecore.errors import UsageError
+    from tunecore.measure.local import LocalMeasurer
+    from tunecore.roles import RecordStore
+
+    if type(store).mark_failed is RecordStore.mark_failed:
+        raise UsageError(f"--store {args.store}: record store '{store.name}' cannot mark records as failed")
+    rows = [r for r in _task_rows(store, args.model) if r["best"] is not None]
+    tasks = {t.task_id: t for t in store.get_tasks(task_ids=[r["task_id"] for r in rows])}
+    measurers: dict[str, Any] = {}
+    out = []
+    try:
+        for row in rows:
+            task = tasks[row["task_id"]]
+            if task.target_json not in measurers:
+                try:
+                    measurers[task.target_json] = LocalMeasurer(task.target)
+                except UsageError as error:  # e.g. a CUDA task on a machine without a GPU
+                    measurers[task.target_json] = str(error)
+            measurer = measurers[task.target_json]
+            if isinstance(measurer, str):
+                out.append({"name": task.name, "model": row["model"], "task_id": task.task_id, "checked": 0,
+                            "wrong": [], "best": None, "note": f"not checked: {measurer}"})
+                continue
+            report = verify_best(store, task, measurer, recheck=args.recheck)
+            best = next((r for r in store.best(task.task_id, k=64) if r.key == report["best"]), None)
+            note = "; ".join(f"{key[:8]} not checked: {why}" for key, why in report["unverified"])
+            out.append({"name": task.name, "model": row["model"], "task_id": task.task_id,
+                        "checked": report["checked"], "wrong": [{"key": k, "error": e} for k, e in report["wrong"]],
+                        "best": report["best"], "best_latency_s": best.latency if best else None, "note": note})
+    finally:
+        for measurer in measurers.values():
+            if not isinstance(measurer, str):
+                measurer.close()
+    wrong = sum(len(r["wrong"]) for r in out)
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    from rich.table import Table
+
+    table = Table(title=f"{len(out)} tasks checked: {wrong} wrong records marked failed")
+    for column in ("task", "model", "checked now", "wrong", "best ms", "note"):
+        table.add_column(column, overflow="fold")
+    for r in out:
+        table.add_row(r["name"], r["model"], str(r["checked"]), str(len(r["wrong"])),
+                      render.ms(r.get("best_latency_s")), r["note"])
+    render.console().print(table)
+    return 0
+
+
 def _records_upgrade(args: argparse.Namespace) -> int:
     from tunecore.registry import Registry
     from tunecore.store import parse_store_url
@@ -154,4 +212,5 @@ def _records_upgrade(args: argparse.Namespace) -> int:
     return 0
 
 
-_RECORD_COMMANDS = {"list": _records_list, "best": _records_best, "export": _records_export, "import": _records_import}
+_RECORD_COMMANDS = {"list": _records_list, "best": _records_best, "check": _records_check, "export": _records_export,
+                    "import": _records_import}

@@ -26,8 +26,9 @@ _pools: dict[tuple[str, float], Any] = {}  # on a Dask worker: warm build proces
 
 
 def build_on_worker(mod_json: str, target_json: str, timeout: float, export: str,
-                    cross_compiler: str | None) -> tuple[bytes, float, list] | str:
-    """A Dask task: (the library's bytes, build seconds, its arguments), or why it failed as one line."""
+                    cross_compiler: str | None) -> tuple[bytes, float, list, dict | None] | str:
+    """A Dask task: (the library's bytes, build seconds, its arguments, its packing), or why it failed as one
+    line."""
     from tvm.support.popen_pool import PopenPoolExecutor
 
     from tunecore.measure import worker
@@ -43,10 +44,10 @@ def build_on_worker(mod_json: str, target_json: str, timeout: float, export: str
             threads, timeout=timeout, initializer=worker.init_worker, initargs=(target_json,))
     directory = tempfile.mkdtemp(prefix="tunecore-dask-build-")
     try:
-        path, seconds, args = pool.submit(worker.build, mod_json, target_json, directory, export,
-                                          cross_compiler).result()
+        path, seconds, args, packing = pool.submit(worker.build, mod_json, target_json, directory, export,
+                                                   cross_compiler).result()
         with open(path, "rb") as f:
-            return f.read(), seconds, args
+            return f.read(), seconds, args, packing
     except Exception as error:
         return "build: " + describe_failure(error, timeout)
     finally:
@@ -108,11 +109,11 @@ class DaskBuilder(Builder):
             if isinstance(built, str):
                 out.append(built)
                 continue
-            library, seconds, args = built
+            library, seconds, args, packing = built
             path = os.path.join(self.directory, f"{uuid.uuid4().hex}.{self.export}")
             with open(path, "wb") as f:
                 f.write(library)
-            out.append(Artifact(path, seconds, args))
+            out.append(Artifact(path, seconds, args, packing))
         return out
 
     def close(self) -> None:

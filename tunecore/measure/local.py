@@ -28,7 +28,7 @@ from typing import Any, Sequence
 from tunecore.data import Candidate, MeasureResult, Task
 from tunecore.errors import UsageError, error_line
 from tunecore.measure import worker
-from tunecore.options import reject_unknown_options
+from tunecore.options import check_options, is_int, reject_unknown_options
 from tunecore.roles import Artifact, Builder, Measurer, Profiler, Runner
 
 _LOCAL_KINDS = frozenset({"llvm", "cuda", "rocm", "metal", "vulkan", "opencl"})
@@ -154,14 +154,70 @@ class Screen:
             self.best[task_id] = min(latency, self.best.get(task_id, latency))
 
 
-class LocalRunner(Runner, Screen):
-    """One worker process on this machine times one candidate at a time (see the module docstring)."""
+CHECKS = ("all", "best", "none")
+
+
+class OutputCheck:
+    """Which candidates a runner checks against their task's reference, and the references it holds.
+
+    ``check``: ``all`` (default: every candidate), ``best`` (each that beats the best this runner has timed
+    for its task, and one in ``check_sample`` of the others), ``none``. With ``all`` or ``best`` no wrong
+    program can be a task's best. A task whose reference cannot be made is not checked, with one warning.
+    """
+
+    def __init__(self, check: str = "all", check_sample: int = 8):
+        check_options(check=(check, check in CHECKS, " or ".join(CHECKS)),
+                      check_sample=(check_sample, is_int(check_sample, 1), "an integer >= 1"))
+        self.check, self.check_sample = check, check_sample
+        self.references: dict[str, Any] = {}  # task id -> the runner's reference, or why there is none (str)
+        self.unchecked = 0  # candidates of the "best" mode since the last sampled one
+
+    def needs_reference(self, task: Task) -> bool:
+        return self.check != "none" and task.task_id not in self.references
+
+    def no_reference(self, task: Task, why: str) -> None:
+        self.references[task.task_id] = why
+        print(f"tunecore: warning: {task.name}: outputs not checked: its unscheduled program {why}", file=sys.stderr)
+
+    def reference(self, task: Task) -> Any:
+        """The task's reference, or None when its candidates are not checked."""
+        reference = self.references.get(task.task_id)
+        return None if self.check == "none" or isinstance(reference, str) else reference
+
+    def check_below(self, best: float | None) -> tuple[bool, float | None]:
+        """For the next candidate: (whether it must be checked whatever its latency, else the latency it is
+        checked below)."""
+        if self.check == "all" or best is None:
+            return True, None
+        self.unchecked += 1
+        if self.unchecked >= self.check_sample:
+            self.unchecked = 0
+            return True, None
+        return False, best
+
+
+def apply_verdict(result: MeasureResult, verdict: tuple[float, str | None] | None) -> None:
+    """A check's verdict (max relative error, None or why the outputs are wrong) on the result it checked."""
+    if verdict is not None:
+        result.profile["check.max_relative_error"] = verdict[0]
+        if verdict[1] is not None:
+            result.error = verdict[1]
+
+
+class LocalRunner(Runner, Screen, OutputCheck):
+    """One worker process on this machine times one candidate at a time (see the module docstring).
+
+    The check's references are computed by a worker of their own, with a longer timeout (an unscheduled
+    program runs on one core, untiled), and handed to the timing worker as .npz files.
+    """
 
     name = "local"
     target_kinds = _LOCAL_KINDS
+    needs_reference = OutputCheck.needs_reference  # not Runner's (it checks nothing)
 
     def __init__(self, target: Any, *, run_timeout: float = 20.0, repeat: int = 3, number: int = 1,
-                 min_repeat_ms: int = 20, cpu_cache_flush: bool = False, screen: float = 2.0, **options: Any):
+                 min_repeat_ms: int = 20, cpu_cache_flush: bool = False, screen: float = 2.0, check: str = "all",
+                 check_sample: int = 8, reference_timeout: float = 300.0, **options: Any):
         super().__init__(target, **options)
         from tunecore.tvmjson import target_to_json
 
@@ -170,7 +226,11 @@ class LocalRunner(Runner, Screen):
         self.evaluator = dict(number=number, repeat=repeat, min_repeat_ms=min_repeat_ms,
                               enable_cpu_cache_flush=cpu_cache_flush)
         Screen.__init__(self, screen)
+        OutputCheck.__init__(self, check, check_sample)
+        self.directory = tempfile.mkdtemp(prefix="tunecore-references-")
         self.pool = _WarmPool(1, run_timeout, self.target_json)
+        self.reference_timeout = reference_timeout
+        self.reference_pool = _WarmPool(1, reference_timeout, self.target_json) if check != "none" else None
 
     @classmethod
     def unsupported_reason(cls, target: Any) -> str | None:
@@ -184,16 +244,36 @@ class LocalRunner(Runner, Screen):
     def ready(self) -> None:
         self.pool.ready()
 
+    def set_reference(self, task: Task, reference: Artifact | str) -> None:
+        from tunecore.check import weight_arguments, written_arguments
+
+        if isinstance(reference, str):
+            return self.no_reference(task, f"failed to build ({reference})")
+        path = os.path.join(self.directory, f"{task.task_id}.npz")
+        weights = weight_arguments(task.mod)
+        try:
+            self.reference_pool.submit(worker.save_reference, reference.path, self.target_json, task.args, weights,
+                                       written_arguments(task.mod), path).result()
+        except Exception as error:
+            return self.no_reference(task, f"failed to run ({describe_failure(error, self.reference_timeout)})")
+        self.references[task.task_id] = {"reference": path, "task_args": task.args, "weights": weights}
+
     def run(self, task: Task, artifacts: Sequence[Artifact], profilers: Sequence[Profiler]) -> list[MeasureResult]:
         self.pool.ready()
+        reference = self.reference(task)
         results = []
         for artifact in artifacts:
             result = MeasureResult(build_secs=artifact.build_secs)
+            check = None
+            if reference is not None:
+                always, below = self.check_below(self.best.get(task.task_id))
+                check = dict(reference, packing=artifact.packing, below=None if always else below)
             try:
-                result.run_secs = self.pool.submit(
+                result.run_secs, verdict = self.pool.submit(
                     worker.run, artifact.path, self.target_json, artifact.arguments(task), self.evaluator,
-                    self.screen_above(task.task_id)
+                    self.screen_above(task.task_id), check
                 ).result()
+                apply_verdict(result, verdict)
             except Exception as error:
                 result.error = "run: " + describe_failure(error, self.timeout)
             for profiler in profilers:
@@ -207,6 +287,9 @@ class LocalRunner(Runner, Screen):
 
     def close(self) -> None:
         self.pool.close()
+        if self.reference_pool is not None:
+            self.reference_pool.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
 
 
 class LocalMeasurer(Measurer):
@@ -258,6 +341,9 @@ class LocalMeasurer(Measurer):
         started = time.perf_counter()
         results: list[MeasureResult | None] = [None] * len(candidates)
         mods, positions = [], []
+        reference = self.runner.needs_reference(task)
+        if reference:  # built with the candidates: the task's unscheduled program, whose outputs the runner keeps
+            mods.append(tvm.ir.save_json(task.mod))
         for i, candidate in enumerate(candidates):
             try:
                 mods.append(tvm.ir.save_json(candidate.mod))
@@ -265,6 +351,11 @@ class LocalMeasurer(Measurer):
             except Exception as error:  # the trace does not replay on this task: a failed candidate
                 results[i] = MeasureResult(error=f"build: cannot apply the schedule: {error_line(error)}")
         built = _one_each(self.builder.build(mods), mods, f"builder '{self.builder.name}'")
+        if reference:
+            self.runner.set_reference(task, built[0])
+            if isinstance(built[0], Artifact):
+                self.builder.discard(built[0])
+            built = built[1:]
         artifacts = [(i, a) for i, a in zip(positions, built) if isinstance(a, Artifact)]
         for i, failure in zip(positions, built):
             if not isinstance(failure, Artifact):

@@ -241,6 +241,13 @@ class PostgresStore(RecordStore):
             "SELECT * FROM records WHERE task_id = :task_id AND latency IS NOT NULL ORDER BY latency, record_id"
             " LIMIT :k", task_id=task_id, k=k)]
 
+    def mark_failed(self, task_id: str, key: str, error: str, profile: dict[str, float] | None = None) -> None:
+        self._transaction(lambda db: db.execute(self.sa.text(
+            "UPDATE records SET error = :error, latency = NULL,"
+            " profile = CAST(CAST(profile AS JSONB) || CAST(:profile AS JSONB) AS TEXT)"
+            " WHERE task_id = :task_id AND key = :key"),
+            dict(error=error, profile=json.dumps(profile or {}), task_id=task_id, key=key)))
+
     def counts(self, task_ids: Sequence[str]) -> dict[str, int]:
         counts = dict.fromkeys(task_ids, 0)
         rows = self._read("SELECT task_id, COUNT(*) AS n FROM records WHERE task_id = ANY(CAST(:ids AS TEXT[]))"

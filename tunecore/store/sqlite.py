@@ -205,6 +205,15 @@ class SqliteStore(RecordStore):
         )
         return [record_from_row(r) for r in rows]
 
+    def mark_failed(self, task_id: str, key: str, error: str, profile: dict[str, float] | None = None) -> None:
+        with self.db:
+            row = self.db.execute("SELECT profile FROM records WHERE task_id = ? AND key = ?",
+                                  (task_id, key)).fetchone()
+            if row is not None:
+                merged = {**json.loads(row[0]), **(profile or {})}
+                self.db.execute("UPDATE records SET error = ?, latency = NULL, profile = ?"
+                                " WHERE task_id = ? AND key = ?", (error, json.dumps(merged), task_id, key))
+
     def counts(self, task_ids: Sequence[str]) -> dict[str, int]:
         counts = dict.fromkeys(task_ids, 0)
         for row in self.db.execute("SELECT task_id, COUNT(*) FROM records GROUP BY task_id"):

@@ -197,7 +197,7 @@ def _build(directory, mcpu: str):
     task = tiny_task("matmul-64", resolve_target(json.dumps({"kind": "llvm", "mcpu": mcpu, "num-cores": cores})))
     candidate = sample_candidates(task, 1, seed=3)[0]
     worker.init_worker(task.target_json)
-    path, _, _ = worker.build(tvm.ir.save_json(candidate.mod), task.target_json, str(directory))
+    path, _, _, _ = worker.build(tvm.ir.save_json(candidate.mod), task.target_json, str(directory))
     return task, path
 
 

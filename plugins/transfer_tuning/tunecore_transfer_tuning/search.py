@@ -89,6 +89,7 @@ class TransferSearch(SearchPolicy):
         self.train_per_donor, self.untuned = train_per_donor, untuned
         self.tasks: dict[str, _TaskState] = {}
         self.taught: set[str] = set()  # donor task ids whose records the cost model has seen
+        self.donor_spaces: dict[str, Any] = {}
 
     def start_task(self, context: TaskContext) -> None:
         task = context.task
@@ -120,7 +121,7 @@ class TransferSearch(SearchPolicy):
             tuned = [r for r in self.store.best(donor.task_id, k=self.per_donor + 1) if r.origin != "untuned"]
             for record in tuned[: self.per_donor]:
                 try:
-                    trace = record.candidate(donor).trace
+                    trace = self._donor_space(donor).sketch_part(record.candidate(donor).trace)
                 except Exception:  # the donor's own record no longer replays (another TVM version)
                     state.skipped["donor record does not replay on its own task"] += 1
                     continue
@@ -134,6 +135,14 @@ class TransferSearch(SearchPolicy):
                         seen.add(candidate.key)
                         pairs.append(_Pair(candidate, shape_distance(task, donor), record.latency))
         return pairs
+
+    def _donor_space(self, donor: Task) -> Any:
+        """The donor's design space: its records' postprocessing is cut off by it, not by this task's."""
+        if donor.task_id not in self.donor_spaces:
+            from tunecore.space import DesignSpace
+
+            self.donor_spaces[donor.task_id] = DesignSpace(donor)
+        return self.donor_spaces[donor.task_id]
 
     def _teach(self, donors: list[Task]) -> None:
         """Let the cost model learn the donor tasks' measurements (once per donor per run)."""
