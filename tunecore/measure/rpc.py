@@ -28,6 +28,7 @@ import concurrent.futures
 import json
 import os
 import socket
+import statistics
 import struct
 import sys
 import threading
@@ -36,7 +37,7 @@ from typing import Any, Callable, Sequence
 
 from tunecore.data import MeasureResult, Task
 from tunecore.errors import MeasurerUnavailable, UsageError, error_line
-from tunecore.measure.local import Screen
+from tunecore.measure.local import OutputCheck, Screen, apply_verdict
 from tunecore.options import check_options, is_int, is_number
 from tunecore.roles import Artifact, Profiler, Runner
 
@@ -182,16 +183,24 @@ def describe_remote(session: Any, target: Any) -> dict[str, Any]:
     return desc
 
 
-class RpcRunner(Runner, Screen):
-    """Times candidates on the devices a TVM RPC tracker has under ``key`` (see the module docstring)."""
+class RpcRunner(Runner, Screen, OutputCheck):
+    """Times candidates on the devices a TVM RPC tracker has under ``key`` (see the module docstring).
+
+    The check's reference outputs are computed on a device under the key and kept here; each checked
+    candidate's outputs are read back from its device and compared here.
+    """
 
     name = "rpc"
     runs_profilers = False  # a profiler runs where the candidate runs, and that is another machine
+    needs_reference = OutputCheck.needs_reference  # not Runner's (it checks nothing)
 
     def __init__(self, target: Any, *, tracker: str = "", key: str = "", run_timeout: float = 20.0,
                  queue_timeout: float = 60.0, device_retries: int = 2, repeat: int = 3, number: int = 1,
-                 min_repeat_ms: int = 20, cpu_cache_flush: bool = False, screen: float = 2.0, **options: Any):
+                 min_repeat_ms: int = 20, cpu_cache_flush: bool = False, screen: float = 2.0, check: str = "all",
+                 check_sample: int = 8, reference_timeout: float = 300.0, **options: Any):
         super().__init__(target, **options)
+        OutputCheck.__init__(self, check, check_sample)
+        self.reference_timeout = float(reference_timeout)
         if not tracker or not key:
             raise UsageError("the rpc runner needs -O measurer.tracker=HOST:PORT and -O measurer.key=KEY")
         check_options(run_timeout=(run_timeout, is_number(run_timeout, 0.001), "a number of seconds > 0"),
@@ -250,6 +259,30 @@ class RpcRunner(Runner, Screen):
         except Exception as error:
             raise _Outage(f"cannot connect: {error_line(error)}") from None
 
+    def set_reference(self, task: Task, reference: Artifact | str) -> None:
+        from tunecore.check import task_inputs, weight_arguments, written_arguments
+        from tunecore.measure.worker import reference_outputs
+
+        if isinstance(reference, str):
+            return self.no_reference(task, f"failed to build ({reference})")
+        inputs = task_inputs(task.args, weight_arguments(task.mod))
+        written = written_arguments(task.mod)
+        try:
+            host, port, match_key = self.tracker.request(self.key, self.queue_timeout, self.queue_timeout)
+            session = self._connect(host, port, match_key, timeout=self.reference_timeout)
+
+            def outputs() -> dict[int, Any]:
+                session.upload(reference.path)
+                module = session.load_module(os.path.basename(reference.path))
+                kind = self.target.kind.name
+                device = session.cpu(0) if kind in ("llvm", "c") else session.device(kind, 0)
+                return reference_outputs(module, device, inputs, written)
+
+            found = _within(self.reference_timeout + _GRACE_S, outputs)
+        except Exception as error:
+            return self.no_reference(task, f"failed to run on a device under key '{self.key}' ({error_line(error)})")
+        self.references[task.task_id] = {"inputs": inputs, "outputs": found}
+
     def run(self, task: Task, artifacts: Sequence[Artifact], profilers: Sequence[Profiler]) -> list[MeasureResult]:
         self.ready()
         try:
@@ -262,6 +295,10 @@ class RpcRunner(Runner, Screen):
 
     def _measure(self, task: Task, artifact: Artifact) -> MeasureResult:
         result = MeasureResult(build_secs=artifact.build_secs)
+        reference, check = self.reference(task), None
+        if reference is not None:
+            always, below = self.check_below(self.best.get(task.task_id))
+            check = dict(reference, packing=artifact.packing, below=None if always else below)
         lost: list[str] = []  # devices lost while this candidate ran on them
         waiting_since = time.monotonic()
         while len(lost) <= self.device_retries:
@@ -275,7 +312,8 @@ class RpcRunner(Runner, Screen):
                                               + "; ".join(f"{h}:{p} {why}" for (h, p), why in self.lost.items()))
                 continue
             try:
-                result.run_secs = self._run_on(address, match_key, task, artifact)
+                result.run_secs, verdict = self._run_on(address, match_key, task, artifact, check)
+                apply_verdict(result, verdict)
                 self.saw(task.task_id, result.latency)
                 return result
             except _Outage as outage:
@@ -294,11 +332,13 @@ class RpcRunner(Runner, Screen):
         result.error = f"run: {len(lost)} devices were lost while running it (last {lost[-1]})"
         return result
 
-    def _run_on(self, address: tuple[str, int], match_key: str, task: Task, artifact: Artifact) -> list[float]:
-        """The candidate's timings on one device; raises _Outage, _Crash, or the device's error."""
+    def _run_on(self, address: tuple[str, int], match_key: str, task: Task, artifact: Artifact,
+                check: dict[str, Any] | None) -> tuple[list[float], tuple[float, str | None] | None]:
+        """The candidate's timings on one device and the check's verdict (see ``worker.run``); raises _Outage,
+        _Crash, or the device's error."""
         from tvm.s_tir.meta_schedule.runner.utils import alloc_argument_common
 
-        from tunecore.measure.worker import make_fill, time_function
+        from tunecore.measure.worker import checked_arguments, compare_outputs, make_fill, time_function
         from tunecore.targets import device_id
 
         session = self._connect(*address, match_key, timeout=self.run_timeout)
@@ -325,7 +365,7 @@ class RpcRunner(Runner, Screen):
         device = session.cpu(0) if kind in ("llvm", "c") else session.device(kind, 0)
         screen_above = self.screen_above(task.task_id)
 
-        def timed() -> list[float]:
+        def timed() -> tuple[list[float], tuple[float, str | None] | None]:
             cores = int(self.target.attrs.get("num-cores", 0)) if kind == "llvm" else 0
             if cores:  # as many threads as the target has cores, as here (at most what the server allows)
                 session.get_function("runtime.config_threadpool")(1, cores)  # 1: TVM's default affinity
@@ -333,13 +373,20 @@ class RpcRunner(Runner, Screen):
                 if threads < cores:  # a plain TVM server uses half the CPUs it counts: wrong latencies
                     raise _Outage(f"it runs kernels on {threads} threads and the target has {cores} cores; start "
                                   f"its server with TVM_NUM_THREADS={cores}")
-            fill = make_fill(session.get_function("tvm.contrib.random.random_fill_for_measure"))
-            args = alloc_argument_common(fill, device, artifact.arguments(task), 1)
-            return time_function(module, device, args, self.evaluator, screen_above, _round_trip(device))
+            overhead = _round_trip(device)
+            if check is None:
+                fill = make_fill(session.get_function("tvm.contrib.random.random_fill_for_measure"))
+                args = alloc_argument_common(fill, device, artifact.arguments(task), 1)
+                return time_function(module, device, args, self.evaluator, screen_above, overhead), None
+            args = checked_arguments(module, device, check["inputs"], artifact.arguments(task), check["packing"])
+            secs = time_function(module, device, [args], self.evaluator, screen_above, overhead)
+            if check["below"] is not None and statistics.median(secs) >= check["below"]:
+                return secs, None
+            return secs, compare_outputs(args, check["outputs"])
 
         remaining = self.run_timeout - (time.monotonic() - started)
         try:
-            secs = _within(max(remaining, 0.0) + _GRACE_S, timed)
+            timings = _within(max(remaining, 0.0) + _GRACE_S, timed)
         except _Outage:
             raise
         except Exception as error:
@@ -352,7 +399,7 @@ class RpcRunner(Runner, Screen):
             session.get_function("tvm.rpc.server.remove")(name)
         except Exception:  # the session's directory goes with it anyway
             pass
-        return secs
+        return timings
 
     def _take_out(self, address: tuple[str, int], why: str) -> None:
         with self._lock:

@@ -20,10 +20,12 @@ from tunecore.testing.conformance import (
 from tunecore.testing.helpers import (
     ArtifactSizeProfiler,
     InstantMeasurer,
+    WrongProgramSearch,
     hashed_latency,
     sample_candidates,
     tiled_latency,
     tiny_task,
+    wrong_candidates,
 )
 
 __all__ = [
@@ -39,4 +41,6 @@ __all__ = [
     "sample_candidates",
     "tiled_latency",
     "tiny_task",
+    "wrong_candidates",
+    "WrongProgramSearch",
 ]

@@ -17,7 +17,7 @@ import pytest
 
 from tunecore.data import Candidate, MeasureResult, Record, Task
 from tunecore.roles import TaskContext
-from tunecore.testing.helpers import sample_candidates
+from tunecore.testing.helpers import sample_candidates, wrong_candidates
 
 
 def _registry() -> Any:
@@ -348,6 +348,16 @@ class MeasurerConformance(_TargetComponentSuite):
 
     def test_empty_batch(self, component: Any, task: Task) -> None:
         assert component.measure(task, []) == []
+
+    def test_wrong_programs_are_failures(self, component: Any, task: Task) -> None:
+        """A program that computes something else than its task is a failed result that says so, never a latency:
+        so it can never become a task's best (tunecore.testing.wrong_candidates)."""
+        wrong = wrong_candidates(task, 2)
+        good = sample_candidates(task, 1, seed=5)
+        results = component.measure(task, [wrong[0], good[0], wrong[1]])
+        assert results[1].error is None and results[1].profile["check.max_relative_error"] <= 1e-3
+        for r in (results[0], results[2]):
+            assert r.latency is None and r.error.startswith("wrong output: max relative error"), r.error
 
     def test_four_times_the_work_measures_four_times_slower(self, component: Any, task: Task) -> None:
         """Unscheduled matmuls (serial loop nests, so thread scheduling does not blur them) of 16 and 64 rows:

@@ -6,7 +6,7 @@ import hashlib
 from typing import Any, Callable, Sequence
 
 from tunecore.data import Candidate, MeasureResult, Task
-from tunecore.roles import Artifact, Measurer, Profiler
+from tunecore.roles import Artifact, Measurer, Profiler, SearchPolicy, TaskContext
 
 
 def tiny_task(op: str = "matmul-64", target: Any = None) -> Task:
@@ -31,6 +31,68 @@ def sample_candidates(task: Task, n: int, seed: int = 1) -> list[Candidate]:
         if len(out) == n:
             break
     return list(out.values())
+
+
+def wrong_schedule(sch: Any) -> Any | None:
+    """A copy of a schedule edited so that it no longer computes its task, or None when no edit applies: a block
+    reads one of the function's inputs through a copy whose last axis is halved (index i -> i // 2), so pairs
+    of elements share a place. TVM does not check that a layout transform is one-to-one: a wrong program it
+    builds and runs, which only a comparison of outputs can tell (the class of fault a trace replayed on the
+    wrong shapes produces)."""
+    func = sch.mod["main"]
+    pending = list(sch.get_child_blocks(sch.get_sblock("root")))
+    while pending:
+        block = pending.pop(0)
+        for index, region in enumerate(sch.get(block).reads):
+            if not any(region.source.same_as(p) for p in func.params):
+                continue
+            edited = sch.copy()
+            try:
+                edited.cache_read(block, index, "global")
+                edited.transform_layout(block, ("read", index), lambda *axes: (*axes[:-1], axes[-1] // 2))
+            except Exception:  # TVM refuses this edit here: try another input
+                continue
+            return edited
+        pending.extend(sch.get_child_blocks(block))
+    return None
+
+
+def wrong_candidates(task: Task, n: int, seed: int = 1) -> list[Candidate]:
+    """Up to n distinct programs that do not compute the task: random programs edited by ``wrong_schedule``."""
+    out: dict[str, Candidate] = {}
+    for good in sample_candidates(task, n, seed=seed):
+        sch = wrong_schedule(good.sch)
+        if sch is not None:
+            c = Candidate.from_schedule(task, sch, origin="wrong")
+            out.setdefault(c.key, c)
+    return list(out.values())
+
+
+class WrongProgramSearch(SearchPolicy):
+    """Proposes programs that do not compute the task (``wrong_candidates``), with correct ones between them when
+    ``every`` > 1 (one in ``every`` wrong): a measurer must report each wrong one as a failure."""
+
+    name = "wrong-programs"
+
+    def __init__(self, *, every: int = 2, **options: Any):
+        super().__init__(**options)
+        self.every = every
+        self.queues: dict[str, list[Candidate]] = {}
+
+    def start_task(self, context: TaskContext) -> None:
+        task = context.task
+        good = sample_candidates(task, 8, seed=context.seed or 1)
+        wrong = iter(wrong_candidates(task, 8, seed=(context.seed or 1) + 1))
+        queue = []
+        for i, candidate in enumerate(good):
+            if i % self.every == 0:
+                queue.append(next(wrong, candidate))
+            queue.append(candidate)
+        self.queues[task.task_id] = [c for c in queue if c.key not in context.measured]
+
+    def propose(self, task: Task, n: int) -> list[Candidate]:
+        batch, self.queues[task.task_id] = self.queues[task.task_id][:n], self.queues[task.task_id][n:]
+        return batch
 
 
 def hashed_latency(candidate: Candidate) -> float:

@@ -243,3 +243,89 @@ def test_bad_input_is_one_line_and_exit_2(options, fragment):
 class TestTransferIsASearchPolicy(SearchPolicyConformance):
     name = "transfer"
     options = {"per_donor": 8}
+
+
+def _conv_pair_onnx(path):
+    """A 1x1 conv then a 3x3 conv, each with a bias: two tasks of one kernel class (conv2d_add@4d) whose weights
+    RewriteLayout packs (they are marked layout-free when the model's tasks are extracted)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.standard_normal(shape).astype("float32") * 0.1, name)
+               for name, shape in (("W1", (32, 16, 1, 1)), ("B1", (32,)), ("W3", (32, 32, 3, 3)), ("B3", (32,)))]
+    nodes = [helper.make_node("Conv", ["x", "W1", "B1"], ["a"]),
+             helper.make_node("Conv", ["a", "W3", "B3"], ["y"], pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(nodes, "pair", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 14, 14])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 14, 14])], weights)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def _without_postproc_marker(trace_json):
+    """A trace as tunecore stored them before it marked where postprocessing begins."""
+    insts, decisions = json.loads(trace_json)
+    at = next(i for i, inst in enumerate(insts) if inst[0] == "EnterPostproc")
+    shifted = [[i - (i > at), d] for i, d in decisions]
+    return json.dumps([insts[:at] + insts[at + 1:], shifted])
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["marked", "stored-before-the-marker"])
+def test_a_1x1_donor_transfers_to_a_3x3_conv_and_computes_it(tmp_path, target, legacy):
+    """The fault of issue 34: a 1x1 conv's schedule replayed on a 3x3 conv repeated the donor's RewriteLayout,
+    whose packing has no kh/kw axes (they had extent 1), so every tap read one weight: wrong outputs, measured
+    as valid, stored as the task's best. Transferred schedules now compute the task (the measurer checks each
+    one), from donors stored with or without the postprocessing marker, and the model compiles matching."""
+    from tunecore.compile import compile_and_check
+    from tunecore.measure.local import LocalMeasurer
+    from tunecore.workloads import extract_tasks, load_workload
+
+    model = tmp_path / "pair.onnx"
+    _conv_pair_onnx(str(model))
+    workload = load_workload(str(model))
+    one, three = sorted(extract_tasks(workload, target), key=lambda t: t.flops)
+    assert one.kernel_class == three.kernel_class == "conv2d_add@4d"
+    store = MemoryStore()
+    store.put_tasks([one, three])
+    measurer = LocalMeasurer(target)
+    try:
+        candidates = sample_candidates(one, 6, seed=3)
+        results = measurer.measure(one, candidates)
+        records = [Record.from_result(c, r, trial=i) for i, (c, r) in enumerate(zip(candidates, results))]
+        assert all(r.latency is not None for r in records)
+        if legacy:
+            for r in records:
+                r.trace_json = _without_postproc_marker(r.trace_json)
+        store.commit(records)
+
+        # the donor's postprocessing replayed on the 3x3 conv, as before the fix: wrong programs, which the
+        # measurer now reports as failures
+        replayed = [new_schedule_replaying(three, r.candidate(one).trace) for r in records]
+        old = measurer.measure(three, [Candidate.from_schedule(three, sch) for sch in replayed if sch is not None])
+        assert any(r.error and r.error.startswith("wrong output: max relative error") for r in old)
+
+        policy = _transfer(store)
+        tuner = Tuner(search=policy, cost_model=policy.cost_model, store=store, measurer=measurer)
+        summary = tuner.tune([three], 32, {"model": workload.name})
+        transferred = [r for r in store.records(three.task_id) if r.origin.startswith("transfer:")]
+        assert transferred and summary["tasks"][0]["search_report"]["pairs"] == len(transferred)
+        assert all(r.error is None and r.profile["check.max_relative_error"] <= 1e-3 for r in transferred)
+        assert store.best(three.task_id)[0].origin.startswith("transfer:")
+    finally:
+        measurer.close()
+    report = compile_and_check(workload, target, store, repeat=1, min_repeat_ms=10)
+    assert report["outputs_match"] and report["tasks_tuned"] == 2 and not report["wrong_records"]
+
+
+def new_schedule_replaying(task, trace):
+    """``trace`` replayed on ``task`` whole, postprocessing included, tiles re-fitted as transfer does; None
+    when it does not replay."""
+    from tunecore.tvmjson import new_schedule
+    from tunecore_transfer_tuning.search import _refitter
+
+    sch = new_schedule(task.mod)
+    refit = _refitter("divisible")
+    try:
+        trace.apply_to_schedule(sch, remove_postproc=False, decision_provider=lambda *a: refit(sch, *a))
+    except Exception:
+        return None
+    return sch

@@ -224,6 +224,8 @@ class TransferSearch(SearchPolicy):
             return f"no donor of class {task.kernel_class} in the store"
         if state is None:
             return "not started (no budget left for it)"
+        if not state.pairs and not state.skipped:
+            return f"no donor of class {task.kernel_class} has a tuned schedule in the store"
         if not state.pairs:
             return f"none of {sum(state.skipped.values())} donor schedules replays on this task"
         return "no pair measured yet (budget)"
