@@ -43,6 +43,41 @@ def cost(args, directory: str) -> dict:
     return runs
 
 
+def per_candidate(args, directory: str) -> dict:
+    """The same programs (``--programs`` of each of zoo:resnet-18's tasks) measured by a measurer that checks all
+    and one that checks none, alternating: seconds per candidate, and what making the references cost."""
+    import time
+
+    from tunecore.measure.local import LocalMeasurer
+    from tunecore.targets import resolve_target
+    from tunecore.testing import sample_candidates
+    from tunecore.workloads import extract_tasks, load_workload
+
+    target = resolve_target("llvm")
+    tasks = extract_tasks(load_workload("zoo:resnet-18"), target)
+    batches = [(task, sample_candidates(task, args.programs, seed=1)) for task in tasks]
+    measurers = {"check all (default)": LocalMeasurer(target), "check none": LocalMeasurer(target, check="none")}
+    out: dict = {"candidates": sum(len(c) for _, c in batches), "tasks": len(tasks)}
+    try:
+        for name, measurer in measurers.items():  # first pass: the references (and the workers' warm-up)
+            started = time.perf_counter()
+            for task, candidates in batches:
+                measurer.measure(task, candidates)
+            out.setdefault("first_pass_s", {})[name] = time.perf_counter() - started
+        for order in pass_orders(list(measurers), args.passes + 1, seed=1):
+            for name in order:
+                started = time.perf_counter()
+                wrong = sum(r.error is not None for task, candidates in batches
+                            for r in measurers[name].measure(task, candidates))
+                out.setdefault("passes_s", {}).setdefault(name, []).append(time.perf_counter() - started)
+                out.setdefault("failed", {}).setdefault(name, []).append(wrong)
+                print(f"measure: {name} {out['passes_s'][name][-1]:.1f} s", file=sys.stderr, flush=True)
+    finally:
+        for measurer in measurers.values():
+            measurer.close()
+    return out
+
+
 def wrong_outputs(store_file: str, run_id: int) -> tuple[int, int]:
     """(records failed with wrong outputs, other failures) of one run in a SQLite store."""
     with sqlite3.connect(store_file) as db:
@@ -82,9 +117,14 @@ def searches(args, directory: str) -> dict:
     return out
 
 
+def runs_of(report: dict) -> list[str]:
+    return [part for part in ("searches", "measure", "cost") if part in report]
+
+
 def main() -> None:
     parser = experiments.script_parser(__doc__, __file__)
-    parser.add_argument("--part", default="cost,searches")
+    parser.add_argument("--part", default="cost,measure,searches")
+    parser.add_argument("--programs", type=int, default=4, help="measure: programs of each task")
     parser.add_argument("--passes", type=int, default=2)
     parser.add_argument("--trials", type=int, default=300)
     parser.add_argument("--donor-trials", type=int, default=200)
@@ -92,21 +132,47 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     parts = args.part.split(",")
-    report = {"benchmark": "correctness", "environment": environment(), "command": command_line("correctness.py"),
-              "trials": args.trials, "passes": args.passes, "donor_trials": args.donor_trials,
-              "search_trials": args.search_trials, "seed": args.seed}
+    earlier = os.path.join(args.out, "correctness.json")
+    report = {}
+    if os.path.exists(earlier):  # a run of some parts keeps the others' results
+        with open(earlier) as f:
+            report = json.load(f)
+    report.update({"benchmark": "correctness", "environment": environment(), "trials": args.trials,
+                   "passes": args.passes, "donor_trials": args.donor_trials, "search_trials": args.search_trials,
+                   "programs": args.programs, "seed": args.seed})
+    commands = report.setdefault("commands", {})
+    for part in runs_of(report):  # results written before commands were kept per part
+        commands.setdefault(part, report.get("command", ""))
+    report["command"] = command_line("correctness.py")  # this run's (each part's own is in "commands")
+    runs = {"searches": searches, "measure": per_candidate, "cost": cost}
     with tempfile.TemporaryDirectory(prefix="tunecore-bench-") as directory:
-        if "searches" in parts:
-            report["searches"] = searches(args, directory)
-        if "cost" in parts:
-            report["cost"] = cost(args, directory)
+        for part in (p for p in runs if p in parts):
+            report[part] = runs[part](args, directory)
+            commands[part] = command_line("correctness.py")
     write_results(args.out, "correctness", report, markdown(report))
 
 
 def markdown(report: dict) -> str:
-    lines = ["# Checking outputs: what it costs, what it catches", "", experiments.environment_line(report), ""]
+    lines = ["# Checking outputs: what it costs, what it catches", "", experiments.environment_line(report), "",
+             "Commands: " + "; ".join(f"{part}: `{command}`" for part, command in report.get("commands", {}).items()),
+             ""]
+    if "measure" in report:
+        m = report["measure"]
+        lines += [f"## Per candidate: the same {m['candidates']} programs (up to {report['programs']} of each of "
+                  f"zoo:resnet-18's {m['tasks']} tasks), measured by both measurers, alternating", "",
+                  "| variant | first pass s (references made) | later passes s (min-max) | per candidate ms | failed |",
+                  "|---|---:|---:|---:|---:|"]
+        for name, passes in m["passes_s"].items():
+            lines.append(f"| {name} | {m['first_pass_s'][name]:.1f} | {min(passes):.1f}-{max(passes):.1f} | "
+                         f"{min(passes) / m['candidates'] * 1e3:.0f}-{max(passes) / m['candidates'] * 1e3:.0f} | "
+                         f"{'/'.join(map(str, m['failed'][name]))} |")
+        checked, unchecked = m["passes_s"].values()
+        low, high = min(checked) / max(unchecked) - 1, max(checked) / min(unchecked) - 1
+        lines += ["", f"Measuring with the check relative to without: {low * 100:+.1f}% to {high * 100:+.1f}% (worst "
+                      "pairing of passes each way).", ""]
     if "cost" in report:
-        lines += [f"## Cost: zoo:resnet-18, ansor + xgb, {report['trials']} trials, {report['passes']} passes each "
+        passes = len(next(iter(report["cost"].values())))
+        lines += [f"## Cost: zoo:resnet-18, ansor + xgb, {report['trials']} trials, {passes} passes each "
                   "(alternating)", "",
                   "| variant | wall s (min-max) | measure phase s (min-max) | failed | estimate ms (min-max) |",
                   "|---|---:|---:|---:|---:|"]

@@ -33,3 +33,38 @@ def test_resnet18_300_trials_then_compile(tmp_path):
     assert report["tasks_tuned"] == report["tasks_total"] == 22 and report["outputs_match"]
     # untuned resnet-18 is naive loops on one core (~3.5 s); 300 random trials give ~120 ms (README: 29x)
     assert report["speedup"] > 10, report
+
+
+@pytest.fixture(scope="module")
+def mobilenet_donors(tmp_path_factory):
+    """A store with zoo:mobilenet-v2 tuned (ansor + xgb), as an earlier run leaves it: donors for transfer."""
+    store = str(tmp_path_factory.mktemp("donors") / "donors.db")
+    run = run_cli("run", "--model", "zoo:mobilenet-v2", "--search", "ansor", "--cost-model", "xgb", "--trials", "200",
+                  "--store", store, "--json", timeout=3000)
+    assert run.returncode == 0, run.stderr
+    return store
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("search, cost_model", [("random", "none"), ("ansor", "xgb"), ("transfer", "cdmpp"),
+                                                ("tlm", "none")])
+def test_every_search_after_mobilenet_donors_tunes_resnet18_and_compiles_matching(search, cost_model, tmp_path,
+                                                                                   mobilenet_donors):
+    """Issue 34: whatever a search proposes, no wrong program becomes a best: each search's records compile into a
+    build whose outputs match the untuned one, faster than it (transfer + cdmpp is the user's example)."""
+    import shutil
+    import sqlite3
+
+    store = str(tmp_path / "s.db")
+    shutil.copy(mobilenet_donors, store)
+    run = run_cli("run", "--model", "zoo:resnet-18", "--search", search, "--cost-model", cost_model, "--trials", "64",
+                  "--store", store, "--json", timeout=3000)
+    assert run.returncode == 0, run.stderr
+    compiled = run_cli("compile", "--model", "zoo:resnet-18", "--store", store, "--json", timeout=3000)
+    assert compiled.returncode == 0, compiled.stderr
+    report = json.loads(compiled.stdout)
+    assert report["outputs_match"] and report["wrong_records"] == [] and report["speedup"] > 1.05, report
+    with sqlite3.connect(store) as db:  # every success of the run was checked
+        unchecked = db.execute("SELECT COUNT(*) FROM records WHERE run_id = (SELECT MAX(run_id) FROM runs)"
+                               " AND error IS NULL AND profile NOT LIKE '%check.max_relative_error%'").fetchone()[0]
+    assert unchecked == 0

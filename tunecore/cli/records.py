@@ -140,7 +140,8 @@ def _records_import(args: argparse.Namespace, store: Any) -> int:
         return 0
     target = resolve_target(args.target) if args.target else None
     n_tasks, n_records = import_metaschedule(store, args.source, target)
-    print(f"imported {n_records} records of {n_tasks} tasks from {args.source}")
+    print(f"imported {n_records} records of {n_tasks} tasks from {args.source}; their outputs were not checked: "
+          f"`tunecore records check --store {args.store or 'tunecore.db'}` checks each task's best")
     return 0
 
 
