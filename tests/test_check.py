@@ -131,11 +131,15 @@ def test_compile_names_the_wrong_record_and_builds_with_the_best_correct_one(mat
     assert human.returncode == 0 and "outputs match" in human.stdout  # the wrong record is a failure by now
 
 
-def test_compile_with_nothing_tuned_says_so(tmp_path):
+def test_compile_with_nothing_tuned_says_so_instead_of_a_speedup(tmp_path):
     store = tmp_path / "s.db"
     cli_json(run_cli("run", "--model", "op:matmul-64", "--trials", "2", "--store", str(store), "--json"))
-    assert_one_line_exit_2(run_cli("compile", "--model", "op:matmul-128", "--store", str(store)),
-                           "no task of op:matmul-128 has a record in the store: nothing was tuned")
+    result = run_cli("compile", "--model", "op:matmul-128", "--store", str(store), "--json")
+    report = cli_json(result)
+    assert report["tasks_tuned"] == 0 and report["speedup"] is None and report["outputs_match"]
+    assert "nothing was tuned: no task of op:matmul-128 has a record in the store" in result.stderr
+    human = run_cli("compile", "--model", "op:matmul-128", "--store", str(store))
+    assert human.returncode == 0 and "x)" not in human.stdout and "untuned" in human.stdout
 
 
 def test_a_stored_trace_without_the_postprocessing_marker_replays_as_the_same_program(matmul_task):

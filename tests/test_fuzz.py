@@ -220,3 +220,33 @@ def test_metaschedule_json_imports(tmp_path_factory, metaschedule_database, data
     finally:
         store.close()
         shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def checking_measurer():
+    from tunecore.measure.local import LocalMeasurer
+    from tunecore.targets import host_target
+
+    measurer = LocalMeasurer(host_target())
+    yield measurer
+    measurer.close()
+
+
+@settings(FUZZ, max_examples=max(1, EXAMPLES // 4))  # one build and run each
+@given(op=st.sampled_from(["matmul-64", "matmul-96x64x80", "c1d-0", "sfm-0"]), seed=st.integers(1, 1000),
+       which=st.integers(0, 3), axis=st.sampled_from([0, -1]), factor=st.integers(2, 4))
+def test_edited_traces_that_compute_something_else_are_never_a_success(checking_measurer, op, seed, which, axis,
+                                                                       factor):
+    """Random programs of a task, their traces edited to fold an axis of one input (tunecore.testing.helpers.
+    wrong_schedule): the measurer reports each as a failure, a wrong output whenever it builds and runs."""
+    from tunecore.data import Candidate
+    from tunecore.testing.helpers import sample_candidates, tiny_task, wrong_schedule
+
+    task = tiny_task(op)
+    (good,) = sample_candidates(task, 1, seed=seed)
+    sch = wrong_schedule(good.sch, which, axis, factor)
+    if sch is None:
+        return
+    (result,) = checking_measurer.measure(task, [Candidate.from_schedule(task, sch, origin="wrong")])
+    assert result.latency is None
+    assert result.error.startswith(("wrong output: max relative error", "build:")), result.error

@@ -16,6 +16,7 @@ import numpy as np
 # reductions differ in the last bits (1e-6 here), a wrong program by far more than 1e-3
 RELATIVE_TOLERANCES = {"float64": 1e-6, "float32": 1e-3, "float16": 1e-2, "bfloat16": 5e-2}
 SEED = 0  # the inputs every check uses, so a reference is made once per task
+CHECKED = "check.max_relative_error"  # the profile entry of a result whose outputs were checked
 
 
 def tolerance(dtype: str) -> float:
@@ -99,9 +100,6 @@ def weight_arguments(mod: Any) -> list[int]:
     """Positions of a task's weights (marked layout-free when it was extracted from a model)."""
     attrs = mod["main"].attrs
     return [int(i) for i in attrs["layout_free_buffers"]] if attrs and "layout_free_buffers" in attrs else []
-
-
-CHECKED = "check.max_relative_error"  # the profile entry of a result whose outputs were checked
 
 
 def verify_best(store: Any, task: Any, measurer: Any, *, recheck: bool = False, batch: int = 4) -> dict[str, Any]:

@@ -214,7 +214,8 @@ def compile_and_check(workload: Workload, target: Any, store: RecordStore, *, ou
 
     When the outputs differ, each task's best record is checked on its own (tunecore.check.verify_best): the
     wrong ones are marked failed in the store, and the model is built again with the best correct record of
-    each task. A store with no record for any of the workload's tasks is a UsageError: nothing was tuned.
+    each task. With no record for any of the workload's tasks nothing was tuned: the untuned build is checked
+    (against the model's framework) and timed once, and ``speedup`` is None.
     """
     from tvm.s_tir import meta_schedule as ms
 
@@ -223,17 +224,18 @@ def compile_and_check(workload: Workload, target: Any, store: RecordStore, *, ou
     threads = use_target_threads(target)
     tasks = extract_tasks(workload, target)
     database, covered = best_database(store, tasks, target)
-    if not covered:
-        raise UsageError(f"no task of {workload.name} has a record in the store: nothing was tuned (run "
-                         "`tunecore run` with this --model, --target and --store first)")
     inputs = random_inputs(workload)
+    started = time.time()
     untuned = build(workload, target, ms.database.MemoryDatabase())
+    compile_s = time.time() - started
     untuned_run = Runnable(untuned, workload, target, inputs)
     expected = untuned_run.outputs()
-    started = time.time()
-    tuned = build(workload, target, database)
-    compile_s = time.time() - started
-    tuned_run = Runnable(tuned, workload, target, inputs)
+    tuned, tuned_run = untuned, untuned_run
+    if covered:
+        started = time.time()
+        tuned = build(workload, target, database)
+        compile_s = time.time() - started
+        tuned_run = Runnable(tuned, workload, target, inputs)
     got = tuned_run.outputs()
     error, wrong = mismatch(got, expected)
     replaced: list[str] = []
@@ -253,8 +255,8 @@ def compile_and_check(workload: Workload, target: Any, store: RecordStore, *, ou
             reference_error, reference_wrong = mismatch(got, reference)
         else:
             reference_error, reference_wrong = float("inf"), "outputs of other shapes"
-    latency = tuned_run.time(repeat, min_repeat_ms)
     untuned_latency = untuned_run.time(repeat, min_repeat_ms)
+    latency = tuned_run.time(repeat, min_repeat_ms) if covered else untuned_latency
     if output:
         tuned.export_library(output)
     return {
@@ -263,7 +265,7 @@ def compile_and_check(workload: Workload, target: Any, store: RecordStore, *, ou
         "tasks_tuned": covered,
         "latency_ms": latency * 1e3,
         "untuned_latency_ms": untuned_latency * 1e3,
-        "speedup": untuned_latency / latency,
+        "speedup": untuned_latency / latency if covered else None,  # nothing tuned: no speedup to speak of
         "outputs_match": wrong is None and reference_wrong is None,
         "max_relative_error": error,
         "reference": workload.reference_name or None,

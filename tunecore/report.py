@@ -42,7 +42,7 @@ def cell_rows(results: dict[str, Any]) -> list[list[str]]:
             cell["status"] + (f": {cell['error']}" if cell.get("error") else ""), measured, ms(_best_s(cell)),
             "-" if cell.get("tuning_s") is None else f"{cell['tuning_s']:.0f}",
             f"{e2e['latency_ms']:.4g}" if "latency_ms" in e2e else e2e.get("error", "-"),
-            f"{e2e['speedup']:.2f}" if "speedup" in e2e else "-",
+            f"{e2e['speedup']:.2f}" if e2e.get("speedup") is not None else "-",
         ])
     return rows
 

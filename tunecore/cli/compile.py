@@ -31,8 +31,18 @@ def cmd_compile(args: argparse.Namespace) -> int:
             report = compile_and_check(workload, target, store, output=args.output)
     finally:
         store.close()
+    if not report["tasks_tuned"]:
+        print(f"tunecore: nothing was tuned: no task of {report['model']} has a record in the store (run `tunecore "
+              "run` with this --model, --target and --store first); the untuned build was checked and timed",
+              file=sys.stderr)
     if args.json:
         print(json.dumps(report, indent=2))
+    elif not report["tasks_tuned"]:
+        render.console().print(
+            f"{report['model']}: untuned {report['untuned_latency_ms']:.4g} ms; outputs "
+            f"{'match' if report['outputs_match'] else 'DIFFER'}"
+            + (f" (against {report['reference']} {report['reference_relative_error']:.2g})" if report["reference"]
+               else ""), markup=False)
     else:
         if report["wrong_records"]:
             render.console(stderr=True).print(

@@ -25,6 +25,7 @@ import tempfile
 import time
 from typing import Any, Sequence
 
+from tunecore.check import CHECKED
 from tunecore.data import Candidate, MeasureResult, Task
 from tunecore.errors import UsageError, error_line
 from tunecore.measure import worker
@@ -199,7 +200,7 @@ class OutputCheck:
 def apply_verdict(result: MeasureResult, verdict: tuple[float, str | None] | None) -> None:
     """A check's verdict (max relative error, None or why the outputs are wrong) on the result it checked."""
     if verdict is not None:
-        result.profile["check.max_relative_error"] = verdict[0]
+        result.profile[CHECKED] = verdict[0]
         if verdict[1] is not None:
             result.error = verdict[1]
 

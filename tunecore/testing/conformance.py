@@ -355,7 +355,7 @@ class MeasurerConformance(_TargetComponentSuite):
         wrong = wrong_candidates(task, 2)
         good = sample_candidates(task, 1, seed=5)
         results = component.measure(task, [wrong[0], good[0], wrong[1]])
-        assert results[1].error is None and results[1].profile["check.max_relative_error"] <= 1e-3
+        assert results[1].error is None and results[1].profile["check.max_relative_error"] <= 1e-3, results[1]
         for r in (results[0], results[2]):
             assert r.latency is None and r.error.startswith("wrong output: max relative error"), r.error
 

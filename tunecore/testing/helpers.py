@@ -33,27 +33,35 @@ def sample_candidates(task: Task, n: int, seed: int = 1) -> list[Candidate]:
     return list(out.values())
 
 
-def wrong_schedule(sch: Any) -> Any | None:
+def wrong_schedule(sch: Any, which: int = 0, axis: int = -1, factor: int = 2) -> Any | None:
     """A copy of a schedule edited so that it no longer computes its task, or None when no edit applies: a block
-    reads one of the function's inputs through a copy whose last axis is halved (index i -> i // 2), so pairs
-    of elements share a place. TVM does not check that a layout transform is one-to-one: a wrong program it
-    builds and runs, which only a comparison of outputs can tell (the class of fault a trace replayed on the
-    wrong shapes produces)."""
+    reads one of the function's inputs (the ``which``-th read of one, counting on if TVM refuses the edit there)
+    through a copy whose ``axis`` is folded by ``factor`` (index i -> i // factor), so elements share a place.
+    TVM does not check that a layout transform is one-to-one: a wrong program it builds and runs, which only a
+    comparison of outputs can tell (the class of fault a trace replayed on other shapes produces)."""
     func = sch.mod["main"]
-    pending = list(sch.get_child_blocks(sch.get_sblock("root")))
+    reads, pending = [], list(sch.get_child_blocks(sch.get_sblock("root")))
     while pending:
         block = pending.pop(0)
         for index, region in enumerate(sch.get(block).reads):
-            if not any(region.source.same_as(p) for p in func.params):
-                continue
-            edited = sch.copy()
-            try:
-                edited.cache_read(block, index, "global")
-                edited.transform_layout(block, ("read", index), lambda *axes: (*axes[:-1], axes[-1] // 2))
-            except Exception:  # TVM refuses this edit here: try another input
-                continue
-            return edited
+            shapes = [[int(d) for d in p.ty.shape] for p in func.params if region.source.same_as(p)]
+            if shapes and len(shapes[0]) > (axis if axis >= 0 else -axis - 1) and shapes[0][axis] >= 2:
+                reads.append((block, index))  # an axis of one element folds onto itself: not wrong
         pending.extend(sch.get_child_blocks(block))
+
+    def fold(*axes: Any) -> tuple:
+        folded = list(axes)
+        folded[axis] = folded[axis] // factor
+        return tuple(folded)
+
+    for block, index in reads[which % max(1, len(reads)):] + reads[: which % max(1, len(reads))]:
+        edited = sch.copy()
+        try:
+            edited.cache_read(block, index, "global")
+            edited.transform_layout(block, ("read", index), fold)
+        except Exception:  # TVM refuses this edit here: try another input
+            continue
+        return edited
     return None
 
 
