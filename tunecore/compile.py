@@ -32,8 +32,9 @@ def best_database(store: RecordStore, tasks: list, target: Any,
     for task in tasks:
         if chosen is not None and task.task_id not in chosen:
             continue
-        records = store.best(task.task_id, k=4)  # fall back if a trace no longer applies
-        if chosen is not None:
+        if chosen is None:
+            records = store.best(task.task_id, k=4)  # fall back if a trace no longer applies
+        else:
             records = [r for r in store.records(task.task_id) if r.key == chosen[task.task_id]]
         for record in records:
             try:

@@ -156,7 +156,7 @@ def run(path: str, target_json: str, args_info: list, evaluator: dict[str, Any],
     import tvm
 
     kind = json.loads(target_json)["kind"]
-    device = tvm.cpu(0) if kind in ("llvm", "c") else tvm.device(kind, 0)
+    device = _device(target_json)
     module = tvm.runtime.load_module(path)
     if check is not None:
         inputs, reference = _reference(check)
@@ -173,6 +173,14 @@ def run(path: str, target_json: str, args_info: list, evaluator: dict[str, Any],
         fill = make_fill(tvm.get_global_func("tvm.contrib.random.random_fill_for_measure"))
         _last_args = (signature, alloc_argument_common(fill, device, args_info, 1))
     return time_function(module, device, _last_args[1], evaluator, screen_above), None
+
+
+def _device(target_json: str) -> Any:
+    """This machine's device of the target's kind."""
+    import tvm
+
+    kind = json.loads(target_json)["kind"]
+    return tvm.cpu(0) if kind in ("llvm", "c") else tvm.device(kind, 0)
 
 
 _last_reference: tuple[str, list, dict] | None = None  # runner: (reference file, inputs, outputs) of the last task
@@ -222,9 +230,8 @@ def save_reference(path: str, target_json: str, task_args: list, weights: list[i
 
     from tunecore.check import task_inputs
 
-    kind = json.loads(target_json)["kind"]
-    device = tvm.cpu(0) if kind in ("llvm", "c") else tvm.device(kind, 0)
-    found = reference_outputs(tvm.runtime.load_module(path), device, task_inputs(task_args, weights), outputs)
+    found = reference_outputs(tvm.runtime.load_module(path), _device(target_json), task_inputs(task_args, weights),
+                              outputs)
     np.savez(out_path, **{f"output_{i}": array for i, array in found.items()})
 
 
