@@ -245,6 +245,19 @@ def _versions() -> dict[str, str]:
     return versions
 
 
+def _min_max(v: dict) -> str:
+    passes = v.get("passes_ms")
+    return f"{min(passes):.2f}-{max(passes):.2f}" if passes else "-"
+
+
+def _ratio_spread(reference: dict, v: dict) -> str:
+    """' (low-high)' of reference / v over the two variants' passes, or '' without passes."""
+    ref, own = reference.get("passes_ms"), v.get("passes_ms")
+    if not ref or not own or reference is v:
+        return ""
+    return f" ({min(ref) / max(own):.2f}-{max(ref) / min(own):.2f})"
+
+
 def markdown(report: dict) -> str:
     env = report["environment"]
     budget = f"{report['time_budget_s'] / 60:g} min"
@@ -260,21 +273,27 @@ def markdown(report: dict) -> str:
              f"{experiments.BUILDER_TIMEOUT_S} s) on the same tasks, stopped at {budget}. Both built as `tunecore "
              f"compile` builds (weights pre-packed). Latency: median of {report['passes']} alternating passes, all "
              "variants in one process; outputs checked against PyTorch eager.", "",
-             "| network | variant | ms | vs PyTorch eager | vs onnxruntime | max rel. error vs PyTorch |",
-             "|---|---|---:|---:|---:|---:|"]
+             "Spread: each variant's fastest and slowest pass (min-max ms). A ratio's range in brackets pairs the "
+             "other's slowest pass with this variant's fastest, and the other's fastest with this one's slowest; "
+             "only a range wholly above 1.00x (this variant faster) or wholly below it (slower) is a difference "
+             "beyond the passes' spread, otherwise the two are level.", "",
+             "| network | variant | ms | min-max ms | vs PyTorch eager | vs onnxruntime | max rel. error vs PyTorch |",
+             "|---|---|---:|---:|---:|---:|---:|"]
     for name, net in report["networks"].items():
-        eager = net["variants"]["pytorch eager"].get("latency_ms")
-        ort = net["variants"].get("onnxruntime", {}).get("latency_ms")
+        eager_v = net["variants"]["pytorch eager"]
+        ort_v = net["variants"].get("onnxruntime", {})
+        eager, ort = eager_v.get("latency_ms"), ort_v.get("latency_ms")
         for variant, v in net["variants"].items():
             if "error" in v:
-                lines.append(f"| {name} | {variant} | failed: {v['error']} | - | - | - |")
+                lines.append(f"| {name} | {variant} | failed: {v['error']} | - | - | - | - |")
                 continue
-            versus_ort = f"{ort / v['latency_ms']:.2f}x" if ort else "-"
-            lines.append(f"| {name} | {variant} | {v['latency_ms']:.2f} | {eager / v['latency_ms']:.2f}x "
+            versus_ort = f"{ort / v['latency_ms']:.2f}x{_ratio_spread(ort_v, v)}" if ort else "-"
+            lines.append(f"| {name} | {variant} | {v['latency_ms']:.2f} | {_min_max(v)} "
+                         f"| {eager / v['latency_ms']:.2f}x{_ratio_spread(eager_v, v)} "
                          f"| {versus_ort} | {v['max_relative_error']:.1g} |")
         for tuner, t in net["tuning"].items():
             lines.append(f"| {name} | (tuning by {tuner}: {t['measured']} trials, {t['errors']} failed, "
-                         f"{t.get('elapsed_total_s', t['wall_s']):.0f} s) | | | | |")
+                         f"{t.get('elapsed_total_s', t['wall_s']):.0f} s) | | | | | |")
     lines.append("")
     for name, net in report["networks"].items():
         if "gap" in net:

@@ -10,8 +10,9 @@ trials and seed (so they measure the same programs), timed from process start to
 
 On one machine the servers share its cores, so this measures the fleet's overhead (sessions, uploads, Dask
 tasks), not a speed-up; with boards elsewhere, runs happen in parallel. With one server, the best latency found
-shows that a candidate measures the same over RPC as here; with two servers on two cores, two candidates run at
-once on the same cores, as they would on any host that serves more devices than it has cores for.
+is compared with the local run's (one run each: a gross distortion would show, a small one would not); with two
+servers on two cores, two candidates run at once on the same cores, as they would on any host that serves more
+devices than it has cores for.
 
     python bench/fleet.py [--model op:matmul-512] [--trials 64] [--servers 1,2]
 

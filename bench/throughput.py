@@ -110,7 +110,11 @@ def markdown(report: dict) -> str:
                      f"| {speedup} | {best} |")
     runners = report["runners"]
     tc, ms = runners["tunecore"], runners["metaschedule"]
-    lines += ["", "Wall time is the whole process, from start to exit. Both write every result to a database on disk "
+    lines += ["", "Searches: `tunecore` is `tunecore run --search random --cost-model none` (random sampling of the "
+              "design space, no cost model); `metaschedule-evolutionary` and `metaschedule-stock` are tune_tir's "
+              "evolutionary search with its XGBoost model; `metaschedule-replay-trace` samples at random, like "
+              "tunecore's row. One run of each variant.",
+              "", "Wall time is the whole process, from start to exit. Both write every result to a database on disk "
               "(tunecore: its default SQLite store; MetaSchedule: its JSON database). MetaSchedule variants other than "
               f"`stock` use `LocalBuilder(timeout_sec={report['metaschedule_builder_timeout_s']})` so that "
               "builds can finish.",
