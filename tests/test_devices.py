@@ -8,7 +8,8 @@ from tunecore.store.sqlite import SCHEMA_VERSION, SqliteStore
 from tunecore.targets import device_descriptor, device_id, resolve_target
 from tunecore.testing.cli import cli_json, run_cli
 
-# A store written by tunecore before devices were recorded (schema 1): 4 records of op:matmul-64.
+# A store written by tunecore before devices were recorded (schema 1): 4 records of op:matmul-64. Regenerate it with
+# `.venv/bin/python tests/data/make_store_v1.py`, which runs that release's `tunecore run` (from git history).
 STORE_V1 = pathlib.Path(__file__).parent / "data" / "store-v1.db"
 
 

@@ -7,8 +7,9 @@ import pytest
 from tunecore.testing.cli import run_cli
 
 
-def _run_then_compile(model, trials, store):
-    run = run_cli("run", "--model", model, "--trials", str(trials), "--store", store, "--json", timeout=3000)
+def _run_then_compile(model, trials, store, *options):
+    run = run_cli("run", "--model", model, "--trials", str(trials), "--store", store, *options, "--json",
+                  timeout=3000)
     assert run.returncode == 0, run.stderr
     summary = json.loads(run.stdout)
     compiled = run_cli("compile", "--model", model, "--store", store, "--json", timeout=3000)
@@ -27,11 +28,16 @@ def test_bert_tiny_tunes_every_task_and_compiles(tmp_path):
 
 
 @pytest.mark.slow
-def test_resnet18_300_trials_then_compile(tmp_path):
-    summary, report = _run_then_compile("zoo:resnet-18", 300, str(tmp_path / "t.db"))
-    assert summary["trials_measured"] == 300
+def test_resnet18_readme_example_ansor_xgb_at_150_trials_then_compile(tmp_path):
+    """README.md's main example (`tunecore run --model zoo:resnet-18 --search ansor --cost-model xgb --trials 300`,
+    then `tunecore compile --model zoo:resnet-18`) at half its budget."""
+    summary, report = _run_then_compile("zoo:resnet-18", 150, str(tmp_path / "t.db"),
+                                        "--search", "ansor", "--cost-model", "xgb")
+    assert summary["search"] == "ansor" and summary["cost_model"] == "xgb"
+    assert summary["trials_measured"] == 150 and all(t["best_latency_s"] for t in summary["tasks"])
     assert report["tasks_tuned"] == report["tasks_total"] == 22 and report["outputs_match"]
-    # untuned resnet-18 is naive loops on one core (~3.5 s); 300 random trials give ~120 ms (README: 29x)
+    # untuned resnet-18 is naive loops (0.9-1.8 s on 2-core machines); README's 300 trials gave 25.98 ms (70.74x).
+    # Half the budget leaves most tasks a few trials: a floor well below that, not the README's figure
     assert report["speedup"] > 10, report
 
 

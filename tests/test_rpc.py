@@ -122,36 +122,61 @@ def test_a_crashing_kernel_is_a_failed_result_and_the_server_comes_back(target, 
         fleet.close()
 
 
-def test_a_server_killed_mid_round_loses_no_candidate(target):
+def test_a_server_killed_mid_round_loses_no_candidate(target, monkeypatch):
+    """Server 0 is killed while it holds a candidate of the round: its session open, the library uploaded, the
+    kernel about to be timed. That candidate is re-run on server 1 and every candidate of the round has its
+    result; the dead server is taken out. (Killed after the round, no attempt would fail and nothing be taken out.)"""
+    from tunecore.measure import rpc
+
     fleet = Fleet(key="dying", servers=2)
+    victim = ("127.0.0.1", fleet.server_ports[0])
     task, naive = _naive("matmul-512", 8)
     measurer = LocalMeasurer(target, **fleet.options(repeat=1, min_repeat_ms=0, screen=0))
+    runner = measurer.runner
+    sessions: dict[int, tuple[str, int]] = {}  # a session's remote CPU (its encoded device type) -> its server
+    attempts: list[tuple[str, tuple[str, int], str]] = []  # (candidate's library, server, outcome)
+    killed = threading.Event()
+    connect, run_on, round_trip = runner._connect, runner._run_on, rpc._round_trip
+
+    def connect_and_note(host, port, match_key, timeout):
+        session = connect(host, port, match_key, timeout)
+        sessions[session.cpu(0).dlpack_device_type()] = (host, port)
+        return session
+
+    def kill_the_victim_first(device):  # called in the candidate's session, before its kernel is timed
+        if sessions.get(device.dlpack_device_type()) == victim and not killed.is_set():
+            killed.set()
+            signal_group(fleet.servers[0])
+        return round_trip(device)
+
+    def run_and_note(address, match_key, task, artifact, check):
+        try:
+            out = run_on(address, match_key, task, artifact, check)
+        except BaseException as error:
+            attempts.append((artifact.path, address, type(error).__name__))
+            raise
+        attempts.append((artifact.path, address, "ok"))
+        return out
+
+    monkeypatch.setattr(runner, "_connect", connect_and_note)
+    monkeypatch.setattr(runner, "_run_on", run_and_note)
+    monkeypatch.setattr(rpc, "_round_trip", kill_the_victim_first)
+    monkeypatch.setattr(rpc, "_REVIVE_S", 5.0)  # a killed server is not restarted: no need to wait 25 s for it
     try:
-        measurer.runner.ready()
-        killer = threading.Thread(target=_kill_while_it_runs_a_candidate, args=(fleet.servers[0],))
-        killer.start()
+        runner.ready()
         results = measurer.measure(task, naive)
-        killer.join()
+        assert killed.is_set() and fleet.servers[0].poll() is not None  # it died during the round
         assert all(r.error is None and r.latency > 0 for r in results), [r.error for r in results]
-        # taken out when a candidate was lost with it; a kill as its session was ending loses nothing, and the
-        # tracker drops the dead server before it is asked again
-        assert set(measurer.runner.lost) <= {("127.0.0.1", fleet.server_ports[0])}
+        failed = [(path, address, outcome) for path, address, outcome in attempts if outcome != "ok"]
+        # the candidate it held crashed with it (a request the tracker still sent there would not connect)
+        assert failed and failed[0][2] == "_Crash" and {address for _, address, _ in failed} == {victim}, attempts
+        lost_candidate = failed[0][0]
+        assert (lost_candidate, ("127.0.0.1", fleet.server_ports[1]), "ok") in attempts  # re-run on the other
+        assert len([a for a in attempts if a[2] == "ok"]) == len(naive)  # and nothing run twice
+        assert set(runner.lost) == {victim} and "did not come back" in runner.lost[victim], runner.lost
     finally:
         measurer.close()
         fleet.close()
-
-
-def _kill_while_it_runs_a_candidate(server, timeout=120.0):
-    """Kill a server's process group once it serves a session (TVM's server forks one per session)."""
-    import psutil
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        tree = psutil.Process(server.pid).children(recursive=True)
-        if len(tree) >= 2:  # TVM's server process and a session it forked
-            break
-        time.sleep(0.01)
-    signal_group(server)
 
 
 def test_the_tracker_restarted_between_rounds(target, matmul_task):

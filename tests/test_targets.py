@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -37,8 +38,24 @@ def test_json_round_trip_is_canonical():
 
 
 def test_json_targets_and_cuda_without_gpu():
+    """A JSON target keeps its mcpu; `cuda` resolves without a GPU (sm_50 limits, or the GPU's when there is one)
+    and a program of its design space compiles to CUDA source with a kernel: TVM generates the code with neither a
+    GPU nor nvcc (the module holds the source; only running it needs a GPU)."""
+    import tvm
+
+    from tunecore.testing import sample_candidates, tiny_task
+
     assert resolve_target('{"kind": "llvm", "mcpu": "haswell", "num-cores": 4}').attrs["mcpu"] == "haswell"
-    assert resolve_target("cuda").kind.name == "cuda"  # code generation works without a GPU
+    target = resolve_target("cuda")
+    assert target.kind.name == "cuda" and str(target.attrs["arch"]).startswith("sm_")
+    task = tiny_task("matmul-64", target)
+    (candidate,) = sample_candidates(task, 1)  # thread-bound by the GPU rules of MetaSchedule's design space
+    executable = tvm.compile(candidate.sch.mod, target=target)
+    (device_module,) = [m for m in executable.mod.imports if m.kind == "cuda"]
+    source = device_module.inspect_source()
+    assert re.search(r'extern "C" __global__ void (__launch_bounds__\(\d+\) )?\w+\(float\* __restrict__ A', source), \
+        source[-2000:]
+    assert "threadIdx.x" in source and "blockIdx.x" in source
 
 
 @pytest.mark.parametrize("spec", ["{bad", "[1, 2]", '{"kind": "nosuch"}', '{"kind": "llvm", "mcpu": "bogus"}',

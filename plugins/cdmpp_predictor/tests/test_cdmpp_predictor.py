@@ -160,12 +160,48 @@ def test_fine_tuning_on_a_second_device_changes_its_predictions_only(shipped):
 
 
 def test_train_command_reports_held_out_error_and_predict_uses_its_weights(slice_path, tmp_path):
+    import collections
+
+    from tunecore.dataset.evaluate import held_out_metrics
+    from tunecore.dataset.split import split
+
     weights = str(tmp_path / "m.pt")
     report = cli_json(run_cli("cdmpp", "train", "--dataset", slice_path, "--split", "workload:zoo:bert-tiny",
                               "--epochs", "3", "-o", weights, "--json"))
-    assert report["programs"] > 0 and report["test"]["programs"] > 0
-    assert set(report["test"]) >= {"mape", "rmse_ms", "spearman", "pairwise_accuracy", "top1_score", "top5_score"}
-    assert os.path.exists(weights)
+    # what the slice holds: bert-tiny's tasks are held out, every other task's measurements are trained on
+    dataset = Dataset.load(slice_path)
+    held = {key for key, task in dataset.tasks.items() if "zoo:bert-tiny" in task.workloads}
+    train_rows = [r for r in dataset.rows if r.task_key not in held and r.latency is not None]
+    test_rows = [r for r in dataset.rows if r.task_key in held and r.latency is not None]
+    per_device = dict(collections.Counter(r.device_id for r in train_rows))
+    assert held and train_rows and test_rows and len(per_device) == 2
+    assert report["programs"] == len(train_rows) and report["devices"] == per_device
+    assert report["test"]["programs"] == len(test_rows)
+    assert 0 < report["loss"] < 10 and report["train_s"] > 0
+
+    # the file loads, and records what it was trained on
+    trained_on = json.loads(torch.load(weights, weights_only=True)["metadata"])["trained_on"]
+    workloads = sorted({w for r in train_rows for w in dataset.tasks[r.task_key].workloads})
+    assert "zoo:resnet-18" in workloads and "zoo:bert-tiny" not in workloads
+    assert trained_on == {"dataset": slice_path, "split": "workload:zoo:bert-tiny", "programs": len(train_rows),
+                          "devices": per_device, "workloads": workloads, "epochs": 3}
+    model = CDMPPModel(weights=weights)
+    assert model.predictor.trained and model.predictor.trained_on == trained_on
+
+    # the reported metrics: numbers in their ranges, over the held-out groups of the slice, and what the loaded
+    # file's predictions on those programs give
+    test = report["test"]
+    groups = collections.Counter((r.task_key, r.device_id) for r in test_rows)
+    assert test["groups_ranked"] == sum(n >= 2 for n in groups.values()) > 0
+    assert -1 <= test["spearman"] <= 1 and 0 <= test["pairwise_accuracy"] <= 1
+    assert 0 < test["top1_score"] <= test["top5_score"] <= 1
+    assert test["mape"] > 0 and test["rmse_ms"] > 0
+    parts = split(dataset, "workload:zoo:bert-tiny")
+    held_out = measured_groups(dataset, test_rows)
+    again = held_out_metrics(model, held_out, [parts.weights.get(t.workload_hash, 1) for t, *_ in held_out], 0)
+    for name, value in test.items():
+        if name not in ("programs", "predict_programs_per_s"):
+            assert again[name] == pytest.approx(value, abs=2e-4), name
     predicted = cli_json(run_cli("predict", "--model", "op:matmul-64", "--store", "memory:", "-O",
                                  f"cdmpp.weights={weights}", "--json"))
     assert predicted["tasks"][0]["schedule"] == "default" and predicted["predicted_ms"] > 0
@@ -207,12 +243,33 @@ def test_cdmpp_guides_a_run(search, tmp_path):
     assert summary["tasks"][0]["best_latency_s"] is not None
 
 
-def test_scores_are_finite_for_programs_it_never_saw(matmul_task):
+def test_scores_are_finite_for_programs_it_never_saw_and_rank_those_it_learned(matmul_task):
+    """One measured round of 32 programs (``tiled_latency``: latencies that follow the tiling, no noise) trains an
+    untrained model from scratch (200 steps): it then ranks and predicts those programs, which it ranked at random
+    before, and scores 8 programs it never saw with finite numbers that tell them apart."""
+    from scipy.stats import spearmanr
+
+    from tunecore.testing import tiled_latency
+
+    candidates = sample_candidates(matmul_task, 40)
+    seen, unseen = candidates[:32], candidates[32:]
+    latencies = np.array([tiled_latency(c) for c in seen])
+    assert len(set(latencies)) > 16  # something to rank
     model = CDMPPModel(weights="none", epochs=2)
-    candidates = sample_candidates(matmul_task, 16)
-    model.update(matmul_task, candidates[:8], [MeasureResult(run_secs=[1e-5 * (i + 1)]) for i in range(8)])
-    scores = model.predict(matmul_task, candidates[8:])
+    untrained = spearmanr(model.predict(matmul_task, seen), -latencies).statistic  # a random order
+    model.update(matmul_task, seen, [MeasureResult(run_secs=[latency]) for latency in latencies])
+    assert model.predictor.trained
+    scores = model.predict(matmul_task, seen)
+    trained = spearmanr(scores, -latencies).statistic
+    assert trained > 0.8 and trained > untrained + 0.5, (trained, untrained)
+    predicted = model.predict_latency(matmul_task, seen)
+    np.testing.assert_allclose(scores, -np.log(predicted))  # higher score: faster
+    assert np.mean(np.abs(predicted - latencies) / latencies) < 0.3
+
+    scores = model.predict(matmul_task, unseen)
     assert scores.shape == (8,) and np.all(np.isfinite(scores))
+    assert len(set(scores.tolist())) == 8, scores  # each program its own score
+    np.testing.assert_allclose(scores, -np.log(model.predict_latency(matmul_task, unseen)))
 
 
 def test_measurement_workers_do_not_import_torch_and_other_children_still_can(monkeypatch, target):
