@@ -192,6 +192,40 @@ def mean_loss(model: GPT, examples: Sequence[tuple[list[int], list[bool]]], batc
     return total / max(count, 1e-9)
 
 
+@torch.no_grad()
+def choice_loss(model: GPT, vocab: Vocabulary,
+                programs: Sequence[tuple[SketchPrompt, Sequence[Any]]]) -> dict[str, float]:
+    """How well the model predicts given programs' decisions, as the decoder samples them: the teacher-forced
+    loss per decision token over the tokens allowed at that step (``completion_steps``), beside the loss of
+    choosing uniformly among those tokens (a sampler that knows only what is legal). Programs whose decisions
+    the decoder cannot write are left out; ``programs`` counts the others."""
+    model.eval()
+    total = uniform = count = 0.0
+    kept = 0
+    for prompt, decisions in programs:
+        example = encode_example(prompt, decisions, vocab)
+        if example is None or len(example[0]) > model.config.context:
+            continue
+        ids = example[0]
+        logits, _ = model(torch.tensor([ids[:-1]]))
+        log_p = F.log_softmax(logits[0], dim=-1)
+        steps = completion_steps(prompt, vocab)
+        allowed, _ = next(steps)
+        for position in range(ids.index(SEP) + 1, len(ids)):
+            token = ids[position]
+            if len(allowed) > 1:
+                legal = log_p[position - 1, allowed]
+                total -= float(log_p[position - 1, token] - torch.logsumexp(legal, dim=0))
+                uniform += float(np.log(len(allowed)))
+                count += 1
+            try:
+                allowed, _ = steps.send(token)
+            except StopIteration:
+                break
+        kept += 1
+    return {"loss": total / max(count, 1.0), "uniform_loss": uniform / max(count, 1.0), "programs": kept}
+
+
 @dataclasses.dataclass
 class Sample:
     """Decisions the model wrote, and for each compute location it chose, the other values it allowed, most

@@ -87,7 +87,8 @@ def best_programs(dataset: Any, sketches: Sketches, pairs: Sequence[tuple[Any, s
     for (key, target, _), measured in sorted(rows.items()):
         _, prompts, _ = sketches.of(dataset.tasks[key], target)
         kept = []
-        for row in sorted(measured, key=lambda r: r.latency):
+        measured.sort(key=lambda r: r.latency)
+        for row in measured:
             for prompt in (p for p in prompts if p.slots):
                 decisions = trace_decisions(row.trace, prompt)
                 if decisions is not None:
