@@ -58,7 +58,7 @@ def main() -> None:
     if any(len(config.split(":")) != 2 for config in pair) or args.baseline == args.contender:
         parser.error("--baseline and --contender are two different search:cost-model pairs")
 
-    from tunecore.experiments import remeasure_together
+    from tunecore.experiments import remeasure_passes
     from tunecore.targets import host_target, physical_cores
     from tunecore.testing import tiny_task
     from tunecore.tvmjson import target_from_json, target_to_json
@@ -79,18 +79,22 @@ def main() -> None:
                 runs[config] = tune(op, target_json, config, args.trials, seed, work)
             task = task or tiny_task(op, target_from_json(target_json))
             programs = {config: best_candidates(store, task, TOP_K) for config, (store, _) in runs.items()}
-            latencies = remeasure_together(task, programs)
-            seeds.append({"seed": seed, "top_s": latencies, "wall_s": {c: wall for c, (_, wall) in runs.items()}})
+            passes = remeasure_passes(task, programs)
+            latencies = {config: sorted(float(np.median(s)) for s in group) for config, group in passes.items()}
+            per_pass = np.min(passes[args.contender], axis=0) / np.min(passes[args.baseline], axis=0)
+            seeds.append({"seed": seed, "top_s": latencies, "wall_s": {c: wall for c, (_, wall) in runs.items()},
+                          "best_ratio_passes": [float(per_pass.min()), float(per_pass.max())]})
             b, c = np.array(latencies[args.baseline]), np.array(latencies[args.contender])
             print(f"  best {args.contender}/{args.baseline} {c[0] / b[0]:.3f}, "
                   f"top-{TOP_K} mean {c.mean() / b.mean():.3f}", file=sys.stderr)
-        report["rows"][f"{args.contender} vs {args.baseline} {op} {args.trials} {cores}"] = {
+        mcpu = report["environment"]["device"]["mcpu"]
+        report["rows"][f"{args.contender} vs {args.baseline} {op} {args.trials} {cores} {mcpu}"] = {
             "baseline": args.baseline, "contender": args.contender,
             "op": op, "trials": args.trials, "cores": cores, "seeds": seeds,
             "best_ratio": [s["top_s"][args.contender][0] / s["top_s"][args.baseline][0] for s in seeds],
             "mean_ratio": [float(np.mean(s["top_s"][args.contender]) / np.mean(s["top_s"][args.baseline]))
                            for s in seeds],
-            "command": command_line("search_pairs.py"), "mcpu": report["environment"]["device"]["mcpu"],
+            "command": command_line("search_pairs.py"), "mcpu": mcpu,
         }
     write_results(args.out, "search_pairs", report, markdown(report))
 
@@ -101,11 +105,15 @@ def markdown(report: dict) -> str:
         "# Two searches at the same budget", "",
         f"Last run: {env['cpu']} ({env['cores']} cores), TVM {env['versions']['apache-tvm']}. "
         "The 4 best programs of each run re-measured together (median of 8 passes in random order). "
-        "Ratios are contender / baseline: below 1, the contender's programs are faster.", "",
+        "Ratios are contender / baseline: below 1, the contender's programs are faster. Best ratio over passes: "
+        "the best program's ratio within each pass, min-max over the passes. Verdict: faster (slower) when "
+        "that range is below (above) 1 on every seed, else level; rows run before the range was kept have none.",
+        "",
+        *[line for note in report.get("notes", []) for line in (note, "")],
         "| contender | baseline | operator | trials | CPU | kernel threads | baseline best ms (per seed) "
-        "| contender best ms (per seed) | best ratio (per seed) | top-4 mean ratio (per seed) "
-        "| baseline / contender wall s (per seed) | command |",
-        "|---|---|---|---:|---|---:|---|---|---|---|---|---|",
+        "| contender best ms (per seed) | best ratio (per seed) | best ratio over passes (per seed) "
+        "| top-4 mean ratio (per seed) | baseline / contender wall s (per seed) | verdict | command |",
+        "|---|---|---|---:|---|---:|---|---|---|---|---|---|---|---|",
     ]
     for row in report["rows"].values():
         seeds, baseline, contender = row["seeds"], row["baseline"], row["contender"]
@@ -114,9 +122,14 @@ def markdown(report: dict) -> str:
         walls = " / ".join(f"{s['wall_s'][baseline]:.0f}-{s['wall_s'][contender]:.0f}" for s in seeds)
         best_ratio = " / ".join(f"{x:.2f}" for x in row["best_ratio"])
         mean_ratio = " / ".join(f"{x:.2f}" for x in row["mean_ratio"])
-        lines.append(f"| {contender} | {baseline} | {row['op']} | {row['trials']} | {row['mcpu']} | {row['cores']} "
-                     f"| {baseline_best} "
-                     f"| {contender_best} | {best_ratio} | {mean_ratio} | {walls} | `{row['command']}` |")
+        ranges = [s.get("best_ratio_passes") for s in seeds]
+        over_passes = " / ".join(f"{r[0]:.2f}-{r[1]:.2f}" for r in ranges) if all(ranges) else "-"
+        verdict = "-" if not all(ranges) else "faster" if all(r[1] < 1 for r in ranges) else \
+            "slower" if all(r[0] > 1 for r in ranges) else "level"
+        label = f"{contender} ({row['note']})" if row.get("note") else contender
+        lines.append(f"| {label} | {baseline} | {row['op']} | {row['trials']} | {row['mcpu']} | {row['cores']} "
+                     f"| {baseline_best} | {contender_best} | {best_ratio} | {over_passes} | {mean_ratio} | {walls} "
+                     f"| {verdict} | `{row['command']}` |")
     lines.append("")
     return "\n".join(lines)
 

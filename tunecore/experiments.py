@@ -259,6 +259,14 @@ def remeasure_together(task: Any, programs: dict[str, Sequence[Any]], passes: in
     """
     import numpy as np
 
+    return {name: sorted(float(np.median(samples)) for samples in group)
+            for name, group in remeasure_passes(task, programs, passes, seed).items()}
+
+
+def remeasure_passes(task: Any, programs: dict[str, Sequence[Any]], passes: int = 8,
+                     seed: int = 0) -> dict[str, list[list[float]]]:
+    """``remeasure_together``'s measurements before the median: per group, per program (in the order given),
+    its latency in each pass (inf where it failed)."""
     from tunecore.measure.local import LocalMeasurer
 
     flat = {f"{name}/{i}": candidate for name, group in programs.items() for i, candidate in enumerate(group)}
@@ -270,8 +278,7 @@ def remeasure_together(task: Any, programs: dict[str, Sequence[Any]], passes: in
                 samples[key].append(result.latency or float("inf"))
     finally:
         measurer.close()
-    return {name: sorted(float(np.median(samples[f"{name}/{i}"])) for i in range(len(group)))
-            for name, group in programs.items()}
+    return {name: [samples[f"{name}/{i}"] for i in range(len(group))] for name, group in programs.items()}
 
 
 def environment(target: Any = None) -> dict[str, Any]:
