@@ -6,7 +6,8 @@ Two tools, neither of which touches Python or libtvm (valgrind on a Python+TVM p
   loads the candidate's shared library and calls it: instructions, loads, stores, L1 and L2 misses (the cache
   geometry of this machine's cores, read from sysfs and passed explicitly: valgrind's own detection is wrong on
   VMs), branches and mispredicts. Only parallel task 0 of the target's cores runs: one core's share of the
-  work with its private L1/L2, at half the cost. Counts are deterministic.
+  work with its private L1/L2, at half the cost. Counts are deterministic: the caches and branch predictor are
+  simulated, so a device's profile can be made on any x86 machine that runs its code, with its L1/L2 sizes.
 - **llvm-mca** estimates the steady-state throughput of the kernel's hot loop, found in the disassembly as the
   innermost loop with the most floating-point work (``objdump``), for the target's ``mcpu`` (or the nearest
   older CPU of its line that the installed llvm-mca knows).
@@ -42,11 +43,10 @@ CALLGRIND_METRICS = {
     "cpu.icache_misses": ("I1mr",),
 }
 MCA_METRICS = ("mca.loop_cycles", "mca.loop_instructions", "mca.loop_flops", "mca.ipc", "mca.uops_per_cycle")
-# how this candidate was profiled, and at what cost: not features
+# how this candidate was profiled, and at what cost: not features. ``cpu.warm = 1`` marks a profile made by an
+# earlier version, which warmed the caches of fast kernels only: its counts depend on the latency the model is
+# asked to predict, so ``tunecore ncu profile`` makes such profiles again.
 BOOKKEEPING = ("cpu.warm", "cpu.avx512", "cpu.profile_secs")
-# a kernel this fast runs warm in the profile (a warm-up call first): its working set may fit the caches,
-# as it does when it is timed. Slower ones run once, cold: half the cost, and their traffic dwarfs a cold start.
-WARM_BELOW_SECS = 2e-3
 
 _PACKAGES = {"valgrind": "valgrind", "llvm-mca": "llvm", "objdump": "binutils", "cc": "gcc"}
 
@@ -90,32 +90,34 @@ def tensor_specs(args_info: Sequence) -> list[str]:
 
 
 @functools.lru_cache(maxsize=None)
-def cache_geometry() -> dict[str, tuple[int, int, int]]:
-    """(size, ways, line) of this machine's L1 data cache and L2 per core, in valgrind's terms (its sets must be a
-    power of two: a size that gives others is rounded down to one that does)."""
+def cache_geometry(l1_bytes: int | None = None, l2_bytes: int | None = None) -> dict[str, tuple[int, int, int]]:
+    """(size, ways, line) of the L1 data cache and the L2 per core to simulate, in valgrind's terms (its sets must
+    be a power of two: a size that gives others is rounded down to one that does). Sizes are the device's where
+    given (a profile for a device that is not this machine), else this machine's; ways and line are this
+    machine's (8 and 64 where sysfs does not say)."""
     from tunecore.targets import data_caches
 
+    here = data_caches()
     found: dict[str, tuple[int, int, int]] = {}
-    for level, (size, ways, line) in data_caches().items():
-        if level in (1, 2) and ways and line:
-            sets = max(1, size // (ways * line))
-            sets = 1 << (sets.bit_length() - 1)
-            found[f"L{level}"] = (sets * ways * line, ways, line)
-    found.setdefault("L1", (32768, 8, 64))
-    found.setdefault("L2", (524288, 8, 64))
+    for level, size, default in ((1, l1_bytes, 32768), (2, l2_bytes, 524288)):
+        own_size, ways, line = here.get(level, (default, 0, 0))
+        ways, line, size = ways or 8, line or 64, size or own_size
+        sets = max(1, size // (ways * line))
+        sets = 1 << (sets.bit_length() - 1)
+        found[f"L{level}"] = (sets * ways * line, ways, line)
     return found
 
 
-def callgrind(library: str, entry: str, threads: int, args_info: Sequence, *, warm: bool,
+def callgrind(library: str, entry: str, threads: int, args_info: Sequence, *, caches: dict,
               timeout: float) -> dict[str, float]:
-    """Callgrind's counts for one call of the kernel (task 0 of ``threads``), as metrics."""
-    l1, l2 = cache_geometry()["L1"], cache_geometry()["L2"]
+    """Callgrind's counts for one cold call of the kernel (task 0 of ``threads``), as metrics."""
+    l1, l2 = caches["L1"], caches["L2"]
     with tempfile.TemporaryDirectory(prefix="tunecore-profile-") as directory:
         out = os.path.join(directory, "callgrind.out")
         command = [require("valgrind"), "--tool=callgrind", "--cache-sim=yes", "--branch-sim=yes",
                    "--simulate-hwpref=yes", "--D1={},{},{}".format(*l1), "--LL={},{},{}".format(*l2),
                    "--collect-atstart=no", "--toggle-collect=profiled_call", f"--callgrind-out-file={out}",
-                   harness(), library, entry, str(threads), "profile-warm" if warm else "profile",
+                   harness(), library, entry, str(threads), "profile",
                    *tensor_specs(args_info)]
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
         if done.returncode != 0:
@@ -232,18 +234,21 @@ def mca(instructions: Sequence[tuple[int, str, str]], mcpu: str, timeout: float 
             "mca.uops_per_cycle": float(summary["uOpsPerCycle"])}
 
 
-def profile_library(library: str, args_info: Sequence, *, threads: int, mcpu: str, latency: float | None,
+def profile_library(library: str, args_info: Sequence, *, threads: int, mcpu: str, caches: dict | None = None,
                     entry: str = "main", timeout: float = 60.0) -> dict[str, float]:
-    """Every CPU metric of one built kernel (see the module docstring); raises when it cannot be profiled."""
+    """Every CPU metric of one built kernel (see the module docstring); raises when it cannot be profiled.
+
+    Every kernel is profiled the same way, one cold call, whatever its latency: a warm-up call for fast kernels
+    only made the counts tell fast programs from slow ones by how they were profiled. ``caches`` is
+    ``cache_geometry``'s answer for the device (this machine's by default)."""
     started = time.perf_counter()
     instructions = disassemble(library)
     metrics = mca(instructions, mcpu)
     if uses_avx512(instructions):
         metrics["cpu.avx512"] = 1.0
     else:
-        warm = latency is not None and latency < WARM_BELOW_SECS
-        metrics.update(callgrind(library, entry, threads, args_info, warm=warm, timeout=timeout))
-        metrics["cpu.warm"] = float(warm)
+        metrics.update(callgrind(library, entry, threads, args_info, caches=caches or cache_geometry(),
+                                 timeout=timeout))
     metrics["cpu.profile_secs"] = time.perf_counter() - started
     return metrics
 

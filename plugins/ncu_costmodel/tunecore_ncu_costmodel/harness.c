@@ -4,7 +4,6 @@
  *   TENSOR  dtype:shape, e.g. float32:1x3x224x224 (shape "" for a scalar tensor)
  *   MODE    profile: run the kernel once inside profiled_call (callgrind collects only there), only
  *                    parallel task 0 of THREADS: one core's share of the work;
- *           profile-warm: the same after one call outside profiled_call, which warms the caches;
  *           outputs: run every task once and write every tensor's bytes to stdout (tests compare them
  *                    with TVM's own runtime).
  *
@@ -124,7 +123,7 @@ static void bind(void *library, const char *name, void *function) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 5) { fprintf(stderr, "usage: harness LIBRARY.so ENTRY THREADS profile|profile-warm|outputs TENSOR...\n"); return 2; }
+    if (argc < 5) { fprintf(stderr, "usage: harness LIBRARY.so ENTRY THREADS profile|outputs TENSOR...\n"); return 2; }
     void *library = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
     if (!library) { fprintf(stderr, "harness: %s\n", dlerror()); return 2; }
     char symbol[256];
@@ -153,10 +152,7 @@ int main(int argc, char **argv) {
         for (int i = 0; i < n_args; i++) fwrite(tensors[i].data, 1, tensor_bytes(&tensors[i]), stdout);
         return 0;
     }
-    if (!strcmp(argv[4], "profile-warm")) {
-        Any warm = {0};  /* outside profiled_call: warms the simulated caches, as timing runs warm the real ones */
-        if (entry(NULL, args, n_args, &warm) != 0) return 4;
-    } else if (strcmp(argv[4], "profile")) {
+    if (strcmp(argv[4], "profile")) {
         fprintf(stderr, "harness: unknown mode %s\n", argv[4]);
         return 2;
     }

@@ -41,9 +41,9 @@ class _Sampling(Profiler):
             self.best[task.task_id] = latency
         if latency > MAX_LATENCY_SECS or not (fastest or seen % EVERY == 0):
             return {}
-        return self.metrics(task, artifact, latency)
+        return self.metrics(task, artifact)
 
-    def metrics(self, task: Task, artifact: Artifact, latency: float) -> dict[str, float]:
+    def metrics(self, task: Task, artifact: Artifact) -> dict[str, float]:
         raise NotImplementedError
 
 
@@ -57,9 +57,9 @@ class CPUProfiler(_Sampling):
         super().__init__()
         cpu.check_tools()
 
-    def metrics(self, task: Task, artifact: Artifact, latency: float) -> dict[str, float]:
+    def metrics(self, task: Task, artifact: Artifact) -> dict[str, float]:
         cores, mcpu = cpu.target_facts(task.target_json)
-        return cpu.profile_library(artifact.path, artifact.arguments(task), threads=cores, mcpu=mcpu, latency=latency)
+        return cpu.profile_library(artifact.path, artifact.arguments(task), threads=cores, mcpu=mcpu)
 
 
 class NcuProfiler(_Sampling):
@@ -73,7 +73,7 @@ class NcuProfiler(_Sampling):
         super().__init__()
         ncu_csv.check_tool()
 
-    def metrics(self, task: Task, artifact: Artifact, latency: float) -> dict[str, float]:
+    def metrics(self, task: Task, artifact: Artifact) -> dict[str, float]:
         command = [ncu_csv.check_tool(), "--csv", "--page", "raw", "--print-units", "base",
                    "--metrics", ",".join(ncu_csv.STUDY_METRICS), sys.executable, "-m",
                    "tunecore_ncu_costmodel.run_cuda", artifact.path, json.dumps(artifact.arguments(task))]
@@ -93,10 +93,13 @@ def profile_dataset(path: str, *, limit: int, per_task: int | None = None, workl
     """Add CPU profile metrics to up to ``limit`` rows of a dataset measured on this machine's device, in place.
 
     Rows are taken round-robin over tasks (in a seeded order within each), so any ``limit`` covers the tasks
-    evenly; ``per_task`` caps the rows profiled per task and device, counting those profiled before; ``devices``
-    (ids or prefixes) limits it to those of this machine's devices. Rows that have a
-    profile already are skipped, so the command resumes where it stopped. A row that cannot be profiled gets
-    ``cpu.failed = 1`` and is not tried again.
+    evenly; ``per_task`` caps the rows profiled per task and device, counting those profiled before. By default
+    only rows of this machine's devices are profiled; ``devices`` (ids or prefixes) names the devices to profile,
+    which may be another machine's whose code runs here: callgrind simulates that device's L1 and L2 sizes, so
+    the counts are the ones its own machine would give (same cache ways and line). Rows that have a profile
+    already are skipped, so the command resumes where it stopped; a profile an earlier version made warm
+    (``cpu.warm = 1``) is made again. A row that cannot be profiled gets ``cpu.failed = 1`` and is not tried
+    again.
     """
     import concurrent.futures
 
@@ -127,10 +130,12 @@ def profile_dataset(path: str, *, limit: int, per_task: int | None = None, workl
     here: dict[str, str | None] = {}
     queues = []
     for (task_key, target), rows in sorted(by_task.items()):
-        if target not in here:  # the device this machine is for that target: only its rows can be profiled here
+        if target not in here:  # the device this machine is for that target
             tvm_target = target_from_json(target)
             here[target] = device_id(device_descriptor(tvm_target)) if tvm_target.kind.name == "llvm" else None
-        rows = [r for r in rows if r.device_id == here[target] and (not chosen or r.device_id in chosen)]
+        if here[target] is None:
+            continue
+        rows = [r for r in rows if (r.device_id in chosen if chosen else r.device_id == here[target])]
         done = sum(_profiled(r) for r in rows)
         todo = [rows[i] for i in rng.permutation(len(rows))
                 if not _profiled(rows[i]) and rows[i].latency is not None and rows[i].latency <= max_latency]
@@ -168,14 +173,18 @@ def profile_dataset(path: str, *, limit: int, per_task: int | None = None, workl
                 if not isinstance(artifact, Artifact):
                     _failed(row, counts)
                     continue
+                device = dataset.devices.get(row.device_id, {})
+                caches = cpu.cache_geometry(device.get("l1_bytes"), device.get("l2_bytes"))
                 future = workers.submit(cpu.profile_library, artifact.path,
                                         artifact.arguments(dataset.tasks[row.task_key]),
-                                        threads=cores, mcpu=mcpu, latency=row.latency, timeout=timeout)
+                                        threads=cores, mcpu=mcpu, caches=caches, timeout=timeout)
                 futures[future] = row, artifact
             for future in concurrent.futures.as_completed(futures):
                 row, artifact = futures[future]
                 try:
-                    row.profile.update(future.result())
+                    metrics = future.result()
+                    _clear(row)
+                    row.profile.update(metrics)
                     counts["profiled"] += 1
                 except Exception:
                     _failed(row, counts)
@@ -194,11 +203,16 @@ def profile_dataset(path: str, *, limit: int, per_task: int | None = None, workl
                 seconds=round(time.perf_counter() - started, 1))
 
 
+def _clear(row: Any) -> None:
+    row.profile = {k: v for k, v in row.profile.items() if not k.startswith(("cpu.", "mca."))}
+
+
 def _failed(row: Any, counts: dict[str, int]) -> None:
+    _clear(row)
     row.profile["cpu.failed"] = 1.0
     counts["failed"] += 1
 
 
 def _profiled(row: Any) -> bool:
-    return any(key.startswith(("cpu.", "mca.")) for key in row.profile)
+    return row.profile.get("cpu.warm") != 1.0 and any(key.startswith(("cpu.", "mca.")) for key in row.profile)
 
