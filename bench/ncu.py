@@ -87,8 +87,7 @@ def profile_costs(rows: list) -> dict:
     ratio = secs / np.array([r.latency for r in rows])
     return {"rows": len(rows), "mean_s": round(float(secs.mean()), 2), "median_s": round(float(np.median(secs)), 2),
             "p90_s": round(float(np.percentile(secs, 90)), 2), "max_s": round(float(secs.max()), 2),
-            "median_over_latency": round(float(np.median(ratio)), 1),
-            "warm": int(sum(r.profile.get("cpu.warm", 0) for r in rows))}
+            "median_over_latency": round(float(np.median(ratio)), 1)}
 
 
 def main() -> None:
@@ -110,8 +109,9 @@ def main() -> None:
     report = {
         "command": command_line("ncu.py"),
         "environment": environment(),
-        "dataset": {"path": args.dataset, "device": device, "profiled_rows": len(rows),
-                    "failed_profiles": sum("cpu.failed" in r.profile for r in dataset.rows)},
+        "dataset": {"path": args.dataset, "device": device,
+                    "profiled_rows": sum(r.device_id == device for r in rows), "profiled_rows_all_devices": len(rows),
+                    "failed_profiles": sum("cpu.failed" in r.profile for r in dataset.rows if r.device_id == device)},
         "chance_recall@32": round(chance_recall(settings["profiled training rows"], 32), 3),
         "chance_recall@5": round(chance_recall(settings["profiled training rows"], 5), 3),
         "profile_cost": profile_costs([r for r in rows if r.device_id == device]),
@@ -128,14 +128,17 @@ def markdown(report: dict) -> str:
         "# Profile metrics as cost-model features on this CPU",
         "",
         f"Dataset `{data['path']}`: {data['profiled_rows']} programs with CPU profiles (callgrind + llvm-mca) on "
-        f"device `{data['device']}` ({data['failed_profiles']} could not be profiled). Test: the profiled programs "
+        f"device `{data['device']}` ({data['failed_profiles']} could not be profiled; "
+        f"{data.get('profiled_rows_all_devices', '?')} on all devices). Every program profiled the same way: one "
+        "cold call, the device's caches simulated. Test: the profiled programs "
         f"of the held-out workloads' tasks. Chance: recall@32 {report['chance_recall@32']}, recall@5 "
         f"{report['chance_recall@5']} (groups of up to 64 programs, not the study's 128).",
         f"{experiments.environment_line(report)}",
         "",
         f"A profile costs {cost['median_s']} s (median; mean {cost['mean_s']} s, p90 {cost['p90_s']} s, max "
         f"{cost['max_s']} s), {cost['median_over_latency']}x the program's measured latency (median), 2 at a time "
-        f"on 2 cores; {cost['warm']} of {cost['rows']} ran warm (latency < 2 ms: a warm-up call first).",
+        "on 2 cores, as recorded when each profile was made (on the device's own machine, or for the rows "
+        "profiled again in 2026-11-25 on a Zen 4 with other work running).",
         "",
     ]
     lines += split_tables(report["results"], COLUMNS)
