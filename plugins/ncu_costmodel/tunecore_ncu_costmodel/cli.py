@@ -12,16 +12,16 @@ from tunecore.errors import UsageError
 def add_commands(register: Any) -> None:
     ncu = register("ncu", cmd_ncu, help="hardware-profile metrics for the ncu cost model")
     sub = ncu.add_subparsers(dest="ncu_command", required=True, parser_class=Parser)
-    profile = sub.add_parser("profile", help="profile rows of a dataset measured on this machine (in place, "
-                                             "resumable)")
+    profile = sub.add_parser("profile", help="profile rows of a dataset (in place, resumable)")
     profile.add_argument("--dataset", "-d", required=True, help="dataset file (.parquet), updated in place")
     profile.add_argument("--limit", type=int, required=True, help="rows to profile in this call")
     profile.add_argument("--per-task", type=int, default=None,
                          help="profile at most this many rows per task, counting earlier calls")
     profile.add_argument("--workloads", default=None, help="only tasks of these workloads (comma-separated)")
     profile.add_argument("--devices", default=None,
-                         help="only rows of these devices (ids or prefixes, comma-separated); default: every device "
-                              "of this machine in the dataset (one per target it was measured with)")
+                         help="rows of these devices (ids or prefixes, comma-separated), this machine's or another's "
+                              "whose code runs here (its L1/L2 sizes are simulated); default: every device of this "
+                              "machine in the dataset (one per target it was measured with)")
     profile.add_argument("--max-latency", type=float, default=0.05,
                          help="skip rows slower than this many seconds (callgrind runs 150-300x slower; default 0.05)")
     profile.add_argument("--timeout", type=float, default=120.0, help="seconds per row (default 120)")
