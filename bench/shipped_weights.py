@@ -10,8 +10,8 @@ Both weights files record what they were trained on and which networks were held
   eval``) and latency (MAPE) of the shipped weights, of an untrained network with the shipped normalizer (what
   a swapped-in untrained file would give), of a FLOPs constant (the training side's median seconds per FLOP of
   the device, times the task's FLOPs: one guess per task, from the training side) and of the per-task
-  constant floor (for each held-out group the constant with the lowest MAPE, chosen knowing its labels: the
-  median of its latencies weighted by 1 / latency. It ranks nothing, and no per-task constant predicts better).
+  constant floor (``tunecore.dataset.evaluate.constant_floor``: for each held-out group the constant with the
+  lowest MAPE, chosen knowing its labels; it ranks nothing, and no per-task constant predicts better).
 - **tlm**: on the fastest measured program of every held-out (task, device), the teacher-forced loss per
   decision token over the whole vocabulary (``model.mean_loss``) and over the tokens the decoder allows at that
   step (``model.choice_loss``), beside choosing uniformly among those tokens, for tlm-cpu.pt, tlm-base.pt and
@@ -33,18 +33,17 @@ from tunecore.experiments import command_line, environment, write_results
 CDMPP_COLUMNS = ("spearman", "pairwise_accuracy", "top1_score", "top5_score", "mape")
 
 
-def best_constant(latencies: np.ndarray) -> float:
-    """The constant c with the lowest mean |c - y| / y: the median of y weighted by 1 / y."""
-    order = np.sort(latencies)
-    weights = np.cumsum(1 / order)
-    return float(order[np.searchsorted(weights, weights[-1] / 2)])
-
-
 def cdmpp_rows(dataset, seed: int) -> dict:
     from tunecore_cdmpp_predictor.costmodel import CDMPPModel
     from tunecore_cdmpp_predictor.model import Predictor
 
-    from tunecore.dataset.evaluate import held_out_metrics, latency_metrics, measured_groups, ranking_metrics
+    from tunecore.dataset.evaluate import (
+        constant_floor,
+        held_out_metrics,
+        latency_metrics,
+        measured_groups,
+        ranking_metrics,
+    )
     from tunecore.dataset.split import split
 
     shipped = CDMPPModel(weights="shipped", online=False)
@@ -68,11 +67,10 @@ def cdmpp_rows(dataset, seed: int) -> dict:
     device_ids = [next(d for d, info in dataset.devices.items() if info == device) for *_, device in test]
     flops_guess = [np.full(len(lat), np.median(per_flop[d]) * task.flops)
                    for lat, (task, *_), d in zip(latencies, test, device_ids)]
-    oracle = [np.full(len(lat), best_constant(lat)) for lat in latencies]
-    rng = np.random.default_rng(seed)
-    for name, guesses in (("FLOPs constant", flops_guess), ("per-task constant (floor)", oracle)):
-        rows[name] = {**ranking_metrics(latencies, [-g for g in guesses], weights, rng),
-                      **latency_metrics(latencies, guesses)}
+    rows["FLOPs constant"] = {**ranking_metrics(latencies, [-g for g in flops_guess], weights,
+                                                np.random.default_rng(seed)),
+                              **latency_metrics(latencies, flops_guess)}
+    rows["per-task constant (floor)"] = constant_floor(test, parts, seed)
     return {"split": trained_on["split"], "trained_on": {k: trained_on[k] for k in ("programs", "devices", "epochs")},
             "test": {"groups": len(test), "programs": int(sum(map(len, latencies)))}, "rows": rows}
 

@@ -129,6 +129,21 @@ def test_costmodel_eval_prints_every_metric(collected):
     assert "mape" not in none  # `none` ranks; it does not predict seconds
     assert result["test"]["groups"] == 2  # matmul-64 on two devices
     assert none["spearman"] == 0.0  # constant scores carry no order
+    floor = result["references"]["per-task constant (floor)"]
+    assert floor["spearman"] == 0.0 and 0 <= floor["mape"] < 1
+    table = run_cli("costmodel", "eval", "--dataset", str(path), "--cost-model", "none", "--split", "cdmpp:4",
+                    env={"COLUMNS": "400"})  # wide enough that no name wraps
+    assert table.returncode == 0 and "per-task constant (floor)" in table.stdout, table.stderr
+
+
+def test_the_floor_is_the_per_task_constant_with_the_lowest_mape():
+    from tunecore.dataset.evaluate import best_constant
+
+    latencies = np.random.default_rng(0).lognormal(0, 1, 41)
+    mape = lambda c: np.mean(np.abs(c - latencies) / latencies)  # noqa: E731
+    best = best_constant(latencies)
+    assert best in latencies and all(mape(best) <= mape(c) + 1e-12 for c in np.linspace(0.01, 20, 4001))
+    assert best_constant(np.array([2.0])) == 2.0
 
 
 class _ConstantLatency(CostModel):
@@ -240,8 +255,20 @@ def test_device_task_and_random_splits_are_reproducible():
     assert {r.device_id for r in only_d1.train + only_d1.test} == {"d1"}
 
 
+def test_cdmpp_split_tests_every_nth_program_of_each_task_and_device_by_latency():
+    dataset = _synthetic()
+    dataset.add(Measurement("A", "failed", "[]", "d1", '{"kind": "llvm"}', [], "build error"))
+    result = split(dataset, "cdmpp:2")
+    # per (task, device) the programs are 1, 2, 3, 4 ms: the 2nd and 4th fastest are tested
+    assert sorted((r.task_key, r.device_id, r.program_key) for r in result.test) == \
+        [(k, d, p) for k in "ABC" for d in ("d1", "d2") for p in ("p1", "p3")]
+    assert len(result.train) == 13 and any(r.program_key == "failed" for r in result.train)
+
+
 @pytest.mark.parametrize("spec, fragment", [
     ("bogus:1", "expected KIND:VALUES"),
+    ("cdmpp:1", "N an integer >= 2"),
+    ("cdmpp:five", "N an integer >= 2"),
     ("workload:zoo:nosuch", "workload zoo:nosuch is not in the dataset"),
     ("device:zz", "device zz: not one of"),
     ("task:2", "between 0 and 1"),

@@ -337,7 +337,7 @@ def split_tables(results: dict[str, dict], columns: Sequence[str]) -> list[str]:
                   f"train {result['train']['measurements']} measurements, test {result['test']['measurements']} "
                   f"programs in {result['test']['groups']} task x device groups", "",
                   "| cost model | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
-        for model, metrics in result["models"].items():
+        for model, metrics in {**result["models"], **result.get("references", {})}.items():
             lines.append(f"| {model} | " + " | ".join(cell(metrics.get(c)) for c in columns) + " |")
         lines.append("")
     return lines

@@ -18,7 +18,7 @@ def add_commands(register: Any) -> None:
     evaluate.add_argument("--cost-model", required=True, help="cost models, comma-separated (e.g. xgb,none)")
     evaluate.add_argument("--split", required=True,
                           help="workload:W1,W2 (cross-model) | device:ID,... (cross-device) | task:FRACTION | "
-                               "random:FRACTION")
+                               "random:FRACTION | cdmpp:N (CDMPP's: every Nth program of a task by latency)")
     evaluate.add_argument("--devices", default=None,
                           help="use only measurements on these devices (ids or prefixes, comma-separated)")
     evaluate.add_argument("--seed", type=int, default=0)
@@ -49,7 +49,7 @@ def cmd_costmodel(args: argparse.Namespace) -> int:
 def print_table(result: dict[str, Any]) -> None:
     from rich.table import Table
 
-    models = result["models"]
+    models = {**result["models"], **result.get("references", {})}
     columns = list(dict.fromkeys(k for metrics in models.values() for k in metrics))
     table = Table(title=f"split {result['split']}: train {result['train']['measurements']} measurements, "
                         f"test {result['test']['measurements']} programs in {result['test']['groups']} task x device "

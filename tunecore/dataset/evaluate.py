@@ -15,6 +15,11 @@ the programs that ran (failures are training data, not test data):
   weight x (best latency among the k best-scored), weight = calls per inference of the tested workloads;
 - for models that predict latency (``predicts_latency``): ``mape`` and ``rmse_ms`` of the predicted seconds;
 - ``train_s`` and ``predict_programs_per_s`` (programs replayed into schedules before the clock starts).
+
+Beside the models, every report has a reference row (``references``): the **per-task constant floor**, for
+each tested group the one latency with the lowest MAPE, chosen knowing the group's labels. It ranks nothing
+(its ties are broken at random), and no model that predicts one latency per task does better on MAPE: a model
+at or above it has learned nothing about programs within a task.
 """
 
 from __future__ import annotations
@@ -52,7 +57,24 @@ def evaluate(dataset: Dataset, split: Split, model_names: Sequence[str], *, seed
     }
     for name in model_names:
         out["models"][name] = _evaluate_one(registry, name, train, test, split, seed, options or {})
+    out["references"] = {"per-task constant (floor)": constant_floor(test, split, seed)}
     return out
+
+
+def best_constant(latencies: np.ndarray) -> float:
+    """The constant c with the lowest mean |c - y| / y over latencies y: their median weighted by 1 / y."""
+    order = np.sort(latencies)
+    weights = np.cumsum(1 / order)
+    return float(order[np.searchsorted(weights, weights[-1] / 2)])
+
+
+def constant_floor(test: list, split: Split, seed: int) -> dict[str, Any]:
+    """The metrics of predicting each tested group's ``best_constant`` for all of its programs."""
+    latencies = [np.array([r.latency for r in results]) for _, _, results, _ in test]
+    guesses = [np.full(len(group), best_constant(group)) for group in latencies]
+    weights = [split.weights.get(t.workload_hash, 1) for t, *_ in test]
+    return {**ranking_metrics(latencies, [-g for g in guesses], weights, np.random.default_rng(seed)),
+            **latency_metrics(latencies, guesses)}
 
 
 def _evaluate_one(registry: Any, name: str, train: list, test: list, split: Split, seed: int,

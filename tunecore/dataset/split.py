@@ -5,7 +5,10 @@
 - ``device:ID[,ID]`` -- cross-device: measurements on those devices (ids or unique prefixes) are tested,
   the other devices' are trained on;
 - ``task:FRACTION`` -- that fraction of the tasks, chosen by seed, is tested;
-- ``random:FRACTION`` -- that fraction of the measurements, chosen by seed, is tested.
+- ``random:FRACTION`` -- that fraction of the measurements, chosen by seed, is tested;
+- ``cdmpp:N`` -- CDMPP's split: the programs of each task on each device, sorted by latency, every Nth is
+  tested (the 5th, 10th, ... fastest for N = 5), the rest trained on; every task and device is on both sides,
+  so it measures how a model places programs among their task's others, not networks it never saw.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import numpy as np
 from tunecore.dataset.table import Dataset, Measurement
 from tunecore.errors import UsageError
 
-KINDS = ("workload", "device", "task", "random")
+KINDS = ("workload", "device", "task", "random", "cdmpp")
 
 
 @dataclasses.dataclass
@@ -48,6 +51,15 @@ def split(dataset: Dataset, spec: str, seed: int = 0, devices: list[str] | None 
         weights = {key: sum(task.workloads.get(w, 0) for w in held) for key, task in dataset.tasks.items()}
         tested = {key for key, weight in weights.items() if weight}
         in_test = [r.task_key in tested for r in rows]
+    elif kind == "cdmpp":
+        every = _every(spec, value)
+        groups: dict[tuple[str, str], list[int]] = {}
+        for i, row in enumerate(rows):
+            if row.latency is not None:  # a failed program is training data
+                groups.setdefault((row.task_key, row.device_id), []).append(i)
+        tested = {i for members in groups.values()
+                  for rank, i in enumerate(sorted(members, key=lambda i: rows[i].latency)) if rank % every == every - 1}
+        in_test = [i in tested for i in range(len(rows))]
     elif kind == "device":
         held_devices = {device_of(dataset, d.strip()) for d in value.split(",") if d.strip()}
         in_test = [r.device_id in held_devices for r in rows]
@@ -66,6 +78,16 @@ def split(dataset: Dataset, spec: str, seed: int = 0, devices: list[str] | None 
         if not getattr(result, side):
             raise UsageError(f"--split {spec}: the {side} side is empty")
     return result
+
+
+def _every(spec: str, value: str) -> int:
+    try:
+        every = int(value)
+    except ValueError:
+        every = 0
+    if every < 2:
+        raise UsageError(f"--split {spec}: expected cdmpp:N with N an integer >= 2 (every Nth program tested)")
+    return every
 
 
 def with_fine_tuning(split: Split, task_keys: list[str], per_task: int, seed: int = 0) -> Split:
