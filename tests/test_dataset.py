@@ -134,6 +134,11 @@ def test_costmodel_eval_prints_every_metric(collected):
     table = run_cli("costmodel", "eval", "--dataset", str(path), "--cost-model", "none", "--split", "cdmpp:4",
                     env={"COLUMNS": "400"})  # wide enough that no name wraps
     assert table.returncode == 0 and "per-task constant (floor)" in table.stdout, table.stderr
+    filtered = cli_json(run_cli("costmodel", "eval", "--dataset", str(path), "--cost-model", "none", "--split",
+                                "cdmpp:2", "--max-spread", "1", "--min-programs", "2", "--json"))
+    assert filtered["split"] == "cdmpp:2+max-spread:1+min-programs:2"
+    assert_one_line_exit_2(run_cli("costmodel", "eval", "--dataset", str(path), "--cost-model", "none", "--split",
+                                   "cdmpp:2", "--min-programs", "0"), "--min-programs 0")
 
 
 def test_the_floor_is_the_per_task_constant_with_the_lowest_mape():
@@ -263,6 +268,26 @@ def test_cdmpp_split_tests_every_nth_program_of_each_task_and_device_by_latency(
     assert sorted((r.task_key, r.device_id, r.program_key) for r in result.test) == \
         [(k, d, p) for k in "ABC" for d in ("d1", "d2") for p in ("p1", "p3")]
     assert len(result.train) == 13 and any(r.program_key == "failed" for r in result.train)
+
+
+def test_filters_keep_programs_with_steady_timings_and_tasks_with_enough_of_them():
+    dataset = _synthetic()
+    with pytest.raises(UsageError, match="no program of this dataset has repeated timings"):
+        split(dataset, "workload:w2", max_spread=0.02)
+    for row in dataset.rows:  # steady timings but for B's p0 and C's p0, p1 on d1
+        base = row.run_secs[0]
+        noisy = (row.task_key, row.program_key) == ("B", "p0") or \
+            (row.task_key == "C" and row.device_id == "d1" and row.program_key in ("p0", "p1"))
+        row.run_secs = [base, base * (1.1 if noisy else 1.01), base]
+    dataset.add(Measurement("A", "failed", "[]", "d1", '{"kind": "llvm"}', [], "build error"))
+    result = split(dataset, "workload:w2", max_spread=0.02, min_programs=3)
+    assert result.spec == "workload:w2+max-spread:0.02+min-programs:3"
+    # C on d1 keeps 2 steady programs, fewer than 3: the group goes
+    assert {(r.task_key, r.device_id) for r in result.test} == {("A", "d1"), ("A", "d2"), ("C", "d2")}
+    assert sorted((r.device_id, r.program_key) for r in result.train) == \
+        [(d, p) for d in ("d1", "d2") for p in ("p1", "p2", "p3")]  # B without its noisy p0
+    assert any(r.program_key == "failed" for r in result.test)  # failures stay (training data when trained on)
+    assert len(split(dataset, "workload:w2", max_spread=0.02).test) == 4 + 4 + 1 + 2 + 4
 
 
 @pytest.mark.parametrize("spec, fragment", [

@@ -21,6 +21,10 @@ def add_commands(register: Any) -> None:
                                "random:FRACTION | cdmpp:N (CDMPP's: every Nth program of a task by latency)")
     evaluate.add_argument("--devices", default=None,
                           help="use only measurements on these devices (ids or prefixes, comma-separated)")
+    evaluate.add_argument("--max-spread", type=float, default=None,
+                          help="use only programs whose timings spread at most this much (std / mean, e.g. 0.02)")
+    evaluate.add_argument("--min-programs", type=int, default=None,
+                          help="use only (task, device) groups with at least this many measured programs")
     evaluate.add_argument("--seed", type=int, default=0)
     evaluate.add_argument("--option", "-O", action="append", metavar="NAME.KEY=VALUE",
                           help="cost model option, e.g. -O xgb.rounds=200")
@@ -37,8 +41,9 @@ def cmd_costmodel(args: argparse.Namespace) -> int:
     options = parse_options(args.option, names)
     dataset = Dataset.load(args.dataset)
     devices = [d.strip() for d in args.devices.split(",")] if args.devices else None
-    result = evaluate(dataset, split(dataset, args.split, args.seed, devices), names, seed=args.seed,
-                      options=options)
+    parts = split(dataset, args.split, args.seed, devices, max_spread=args.max_spread,
+                  min_programs=args.min_programs)
+    result = evaluate(dataset, parts, names, seed=args.seed, options=options)
     if args.json:
         print(json.dumps(result, indent=2))
     else:

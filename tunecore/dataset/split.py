@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 
 import numpy as np
@@ -31,8 +32,11 @@ class Split:
     weights: dict[str, int]  # task key -> calls per inference of the tested workloads (1 if not split by workload)
 
 
-def split(dataset: Dataset, spec: str, seed: int = 0, devices: list[str] | None = None) -> Split:
-    """Split ``dataset`` as ``spec`` says, after keeping only ``devices`` (ids or prefixes) if given."""
+def split(dataset: Dataset, spec: str, seed: int = 0, devices: list[str] | None = None,
+          max_spread: float | None = None, min_programs: int | None = None) -> Split:
+    """Split ``dataset`` as ``spec`` says, after keeping only ``devices`` (ids or prefixes) if given, then only
+    measured programs whose timings spread at most ``max_spread`` (std / mean; failed programs stay, as
+    training data), then only (task, device) groups with at least ``min_programs`` measured programs."""
     kind, _, value = spec.partition(":")
     if kind not in KINDS or not value:
         raise UsageError(f"--split {spec}: expected KIND:VALUES with KIND one of {', '.join(KINDS)}")
@@ -40,6 +44,7 @@ def split(dataset: Dataset, spec: str, seed: int = 0, devices: list[str] | None 
     if devices:
         keep = {device_of(dataset, d) for d in devices}
         rows = [r for r in rows if r.device_id in keep]
+    rows = _filtered(rows, max_spread, min_programs)
     weights = {key: sum(task.workloads.values()) or 1 for key, task in dataset.tasks.items()}
     if kind == "workload":
         held = [w.strip() for w in value.split(",") if w.strip()]
@@ -72,12 +77,30 @@ def split(dataset: Dataset, spec: str, seed: int = 0, devices: list[str] | None 
             in_test = [r.task_key in tested for r in rows]
         else:
             in_test = list(rng.random(len(rows)) < fraction)
-    result = Split(spec, [r for r, t in zip(rows, in_test) if not t], [r for r, t in zip(rows, in_test) if t],
+    filters = (f"+max-spread:{max_spread:g}" if max_spread is not None else "") + \
+        (f"+min-programs:{min_programs}" if min_programs is not None else "")
+    result = Split(spec + filters, [r for r, t in zip(rows, in_test) if not t], [r for r, t in zip(rows, in_test) if t],
                    weights)
     for side in ("train", "test"):
         if not getattr(result, side):
             raise UsageError(f"--split {spec}: the {side} side is empty")
     return result
+
+
+def _filtered(rows: list[Measurement], max_spread: float | None, min_programs: int | None) -> list[Measurement]:
+    if max_spread is not None:
+        if max_spread < 0:
+            raise UsageError(f"--max-spread {max_spread}: expected a spread (std / mean) >= 0, e.g. 0.02")
+        if not any(r.spread is not None for r in rows):
+            raise UsageError("--max-spread: no program of this dataset has repeated timings, so none has a spread "
+                             "(measure with repeats: tunecore dataset remeasure)")
+        rows = [r for r in rows if r.latency is None or (r.spread is not None and r.spread <= max_spread)]
+    if min_programs is not None:
+        if min_programs < 1:
+            raise UsageError(f"--min-programs {min_programs}: expected an integer >= 1")
+        counts = collections.Counter((r.task_key, r.device_id) for r in rows if r.latency is not None)
+        rows = [r for r in rows if counts[r.task_key, r.device_id] >= min_programs]
+    return rows
 
 
 def _every(spec: str, value: str) -> int:

@@ -83,6 +83,13 @@ class Measurement:
             return None
         return float(statistics.median(self.run_secs))
 
+    @property
+    def spread(self) -> float | None:
+        """std / mean of the timings; None for a failed program or a single timing (nothing to spread)."""
+        if self.latency is None or len(self.run_secs) < 2:
+            return None
+        return float(statistics.pstdev(self.run_secs) / statistics.fmean(self.run_secs))
+
     @classmethod
     def of(cls, task: Task, record: Record, device_id: str, collected_by: str = "") -> Measurement:
         return cls(task.workload_hash, record.key, record.trace_json, device_id, task.target_json, record.run_secs,
