@@ -37,14 +37,9 @@ def cdmpp_rows(dataset, seed: int) -> dict:
     from tunecore_cdmpp_predictor.costmodel import CDMPPModel
     from tunecore_cdmpp_predictor.model import Predictor
 
-    from tunecore.dataset.evaluate import (
-        constant_floor,
-        held_out_metrics,
-        latency_metrics,
-        measured_groups,
-        ranking_metrics,
-    )
+    from tunecore.dataset.evaluate import constant_floor, guess_metrics, held_out_metrics, measured_groups
     from tunecore.dataset.split import split
+    from tunecore.targets import device_id
 
     shipped = CDMPPModel(weights="shipped", online=False)
     trained_on = shipped.predictor.trained_on
@@ -64,12 +59,9 @@ def cdmpp_rows(dataset, seed: int) -> dict:
     for row in parts.train:
         if row.latency is not None and dataset.tasks[row.task_key].flops:
             per_flop[row.device_id].append(row.latency / dataset.tasks[row.task_key].flops)
-    device_ids = [next(d for d, info in dataset.devices.items() if info == device) for *_, device in test]
-    flops_guess = [np.full(len(lat), np.median(per_flop[d]) * task.flops)
-                   for lat, (task, *_), d in zip(latencies, test, device_ids)]
-    rows["FLOPs constant"] = {**ranking_metrics(latencies, [-g for g in flops_guess], weights,
-                                                np.random.default_rng(seed)),
-                              **latency_metrics(latencies, flops_guess)}
+    flops_guess = [np.full(len(lat), np.median(per_flop[device_id(device)]) * task.flops)
+                   for lat, (task, *_, device) in zip(latencies, test)]
+    rows["FLOPs constant"] = guess_metrics(latencies, flops_guess, weights, seed)
     rows["per-task constant (floor)"] = constant_floor(test, parts, seed)
     return {"split": trained_on["split"], "trained_on": {k: trained_on[k] for k in ("programs", "devices", "epochs")},
             "test": {"groups": len(test), "programs": int(sum(map(len, latencies)))}, "rows": rows}

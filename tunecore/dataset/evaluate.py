@@ -71,8 +71,13 @@ def best_constant(latencies: np.ndarray) -> float:
 def constant_floor(test: list, split: Split, seed: int) -> dict[str, Any]:
     """The metrics of predicting each tested group's ``best_constant`` for all of its programs."""
     latencies = [np.array([r.latency for r in results]) for _, _, results, _ in test]
-    guesses = [np.full(len(group), best_constant(group)) for group in latencies]
-    weights = [split.weights.get(t.workload_hash, 1) for t, *_ in test]
+    return guess_metrics(latencies, [np.full(len(group), best_constant(group)) for group in latencies],
+                         [split.weights.get(t.workload_hash, 1) for t, *_ in test], seed)
+
+
+def guess_metrics(latencies: list[np.ndarray], guesses: list[np.ndarray], weights: list[float],
+                  seed: int) -> dict[str, Any]:
+    """Ranking and latency metrics of predicted seconds (per group, as ``latencies``) that are not a model's."""
     return {**ranking_metrics(latencies, [-g for g in guesses], weights, np.random.default_rng(seed)),
             **latency_metrics(latencies, guesses)}
 
