@@ -49,6 +49,43 @@ def test_collect_measures_per_task_with_device_identity(collected):
     assert by == {"random"} and all(r.trace and r.program_key for r in dataset.rows)
 
 
+def test_collect_takes_labels_by_the_protocol_on_one_thread_by_default(collected):
+    from tunecore.dataset import protocol
+
+    path, first, info, _, _ = collected
+    dataset = Dataset.load(str(path))
+    primary = first["devices"][0]["device_id"]
+    assert dataset.devices[primary]["cores"] == 1
+    rows = [r for r in dataset.rows if r.device_id == primary and r.latency is not None]
+    assert rows and all(len(r.run_secs) >= 5 for r in rows)  # no screening: every program timed 5 times
+    assert all(r.profile[protocol.ATTEMPTS] in (1, 2) and r.profile[protocol.FOREIGN_LOAD] >= 0 for r in rows)
+    assert all((r.spread > 0.02) == (r.profile[protocol.ATTEMPTS] == 2) for r in rows
+               if protocol.NOISY not in r.profile and r.profile[protocol.ATTEMPTS] == 1)
+    assert info["devices"][primary]["clean"] == sum(protocol.is_clean(r) for r in rows)
+    assert len(dataset.collections) == 3 and {c["command"] for c in dataset.collections} == {"collect", "remeasure"}
+    assert_one_line_exit_2(run_cli("dataset", "collect", "--model", "op:matmul-64", "--per-task", "1", "--out",
+                                   str(path), "--max-spread", "-1"), "--max-spread must be >= 0")
+
+
+def test_second_labels_give_the_noise_ceiling(collected, tmp_path):
+    from tunecore.dataset import protocol
+
+    copy = str(tmp_path / "copy.parquet")
+    shutil.copy(collected[0], copy)
+    second = cli_json(run_cli("dataset", "remeasure", copy, "--target", OTHER_DEVICE, "--second-labels", "--json"))
+    dataset = Dataset.load(copy)
+    rows = [r for r in dataset.rows if r.device_id == second["device_id"] and r.latency is not None]
+    assert second["measured"] == len(rows) and all(protocol.SECOND_LABEL in r.profile for r in rows)
+    assert cli_json(run_cli("dataset", "remeasure", copy, "--target", OTHER_DEVICE, "--second-labels",
+                            "--json"))["measured"] == 0
+    result = cli_json(run_cli("costmodel", "eval", "--dataset", copy, "--cost-model", "none", "--split", "cdmpp:2",
+                              "--devices", second["device_id"], "--json"))
+    ceiling = result["references"]["second labels (ceiling)"]
+    assert ceiling["programs"] == result["test"]["measurements"] and 0 <= ceiling["mape"] < 0.5
+    assert_one_line_exit_2(run_cli("dataset", "remeasure", copy, "--second-labels", "--again-before", "0"),
+                           "--second-labels")
+
+
 def test_collect_again_measures_nothing(collected):
     _, _, info, again, _ = collected
     assert again["devices"][0]["measured"] == 0
@@ -139,6 +176,11 @@ def test_costmodel_eval_prints_every_metric(collected):
     assert filtered["split"] == "cdmpp:2+max-spread:1+min-programs:2"
     assert_one_line_exit_2(run_cli("costmodel", "eval", "--dataset", str(path), "--cost-model", "none", "--split",
                                    "cdmpp:2", "--min-programs", "0"), "--min-programs 0")
+    assert_one_line_exit_2(run_cli("costmodel", "eval", "--dataset", str(path), "--cost-model", "none", "--split",
+                                   "cdmpp:2", "--group-size", "100"), "--group-size 100")
+    grouped = cli_json(run_cli("costmodel", "eval", "--dataset", str(path), "--cost-model", "none", "--split",
+                               "workload:op:matmul-64", "--group-size", "4", "--json"))
+    assert grouped["test"]["group_size"] == 4 and grouped["test"]["measurements"] == 4 * grouped["test"]["groups"]
 
 
 def test_the_floor_is_the_per_task_constant_with_the_lowest_mape():

@@ -25,6 +25,9 @@ def add_commands(register: Any) -> None:
                           help="use only programs whose timings spread at most this much (std / mean, e.g. 0.02)")
     evaluate.add_argument("--min-programs", type=int, default=None,
                           help="use only (task, device) groups with at least this many measured programs")
+    evaluate.add_argument("--group-size", type=int, default=None, metavar="N",
+                          help="rank in disjoint groups of exactly N programs of a task (e.g. 128: recall@32's chance "
+                               "is 0.25); smaller groups are left out")
     evaluate.add_argument("--seed", type=int, default=0)
     evaluate.add_argument("--option", "-O", action="append", metavar="NAME.KEY=VALUE",
                           help="cost model option, e.g. -O xgb.rounds=200")
@@ -43,7 +46,7 @@ def cmd_costmodel(args: argparse.Namespace) -> int:
     devices = [d.strip() for d in args.devices.split(",")] if args.devices else None
     parts = split(dataset, args.split, args.seed, devices, max_spread=args.max_spread,
                   min_programs=args.min_programs)
-    result = evaluate(dataset, parts, names, seed=args.seed, options=options)
+    result = evaluate(dataset, parts, names, seed=args.seed, options=options, group_size=args.group_size)
     if args.json:
         print(json.dumps(result, indent=2))
     else:

@@ -20,7 +20,8 @@ def add_commands(register: Any) -> None:
     collect.add_argument("--model", "-m", action="append", required=True,
                          help="workload (as for `run`), repeatable or comma-separated; zoo:all and op:ansor name sets")
     collect.add_argument("--target", "-t", action="append", default=None,
-                         help="a device to collect on, repeatable (default: llvm, this CPU)")
+                         help="a device to collect on, repeatable (default: this CPU with one thread; "
+                              "`llvm` for all its cores)")
     collect.add_argument("--per-task", type=int, required=True, help="programs per task on each device")
     collect.add_argument("--out", "-o", required=True, help="dataset file (.parquet); extended if it exists")
     collect.add_argument("--random-fraction", type=float, default=0.5,
@@ -33,7 +34,8 @@ def add_commands(register: Any) -> None:
 
     remeasure = sub.add_parser("remeasure", help="measure the dataset's programs on another device (the same traces)")
     remeasure.add_argument("dataset")
-    remeasure.add_argument("--target", "-t", required=True, help="the other device's target")
+    remeasure.add_argument("--target", "-t", default=None,
+                           help="the device to measure on (default: this CPU with one thread)")
     remeasure.add_argument("--per-task", type=int, default=None, help="at most this many programs per task")
     remeasure.add_argument("--from-device", default=None,
                            help="only programs measured on this device (id or prefix; default: any)")
@@ -41,6 +43,9 @@ def add_commands(register: Any) -> None:
                            help="measure again the programs this device measured before TIME (Unix seconds or "
                                 "ISO date-time, UTC unless it says), replacing their rows; run again with the "
                                 "same TIME to resume")
+    remeasure.add_argument("--second-labels", action="store_true",
+                           help="measure this device's programs once more and keep that latency beside each row's "
+                                "own (the noise ceiling of `costmodel eval`); resumes")
     _add_run_limits(remeasure)
 
     info = sub.add_parser("info", help="counts by device, workload and task")
@@ -62,6 +67,12 @@ def add_commands(register: Any) -> None:
 
 
 def _add_run_limits(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-spread", type=float, default=0.02, metavar="S",
+                   help="a program whose timings spread (std/mean) more than S is measured once more, then flagged "
+                        "noisy (default 0.02; 0: never measured again)")
+    p.add_argument("--anchors", type=int, default=300, metavar="N",
+                   help="fixed programs measured at the start and the end of the run, to see the machine drift "
+                        "(default 300; 0: none)")
     p.add_argument("--time-limit", type=duration, default=None, metavar="DURATION",
                    help="stop (saved, resumable) after this long: 3600, 90m, 2h")
     p.add_argument("--measurer", default="local", help="measurer (see `tunecore plugins`)")
@@ -95,13 +106,14 @@ def _collect(args: argparse.Namespace) -> int:
     from tunecore.workloads import expand_models
 
     _check_suffix(args.out)
-    plan = CollectPlan(expand_models(args.model), targets=args.target or ["llvm"], per_task=args.per_task,
+    plan = CollectPlan(expand_models(args.model), targets=args.target, per_task=args.per_task,
                        random_fraction=args.random_fraction, search=args.search, cost_model=args.cost_model,
                        measurer=args.measurer, seed=args.seed, max_programs=args.max_programs,
-                       time_limit=args.time_limit,
+                       time_limit=args.time_limit, max_spread=args.max_spread, anchors=args.anchors,
                        options=parse_options(args.option, [args.search, args.cost_model, args.measurer, "random"]))
     report = _with_progress(args, lambda on_progress: collect(args.out, plan, on_progress=on_progress))
-    _print_report(args, report, [(d["device"], d["measured"], d["failed"], d["stopped"]) for d in report["devices"]])
+    _print_report(args, report, [(d["device"], d["measured"], d["failed"], d["stopped"], d.get("drift"))
+                                for d in report["devices"]])
     return 0
 
 
@@ -113,8 +125,10 @@ def _remeasure(args: argparse.Namespace) -> int:
     report = _with_progress(args, lambda on_progress: remeasure(
         args.dataset, args.target, per_task=args.per_task, source_device=args.from_device,
         again_before=args.again_before, measurer_name=args.measurer,
-        options=options, seed=args.seed, time_limit=args.time_limit, on_progress=on_progress))
-    _print_report(args, report, [(report["device"], report["measured"], report["failed"], report["stopped"])])
+        options=options, seed=args.seed, time_limit=args.time_limit, max_spread=args.max_spread,
+        anchors=args.anchors, second_labels=args.second_labels, on_progress=on_progress))
+    _print_report(args, report, [(report["device"], report["measured"], report["failed"], report["stopped"],
+                                   report.get("drift"))])
     return 0
 
 
@@ -141,8 +155,9 @@ def _print_report(args: argparse.Namespace, report: dict[str, Any], devices: lis
     if args.json:
         print(json.dumps(report, indent=2))
         return
-    for device, measured, failed, stopped in devices:
+    for device, measured, failed, stopped, drift in devices:
         print(f"{device}: measured {measured} programs ({failed} failed)"
+              + (f"; anchors moved {drift['ratio']:.3f}x (MAPE {drift['mape']:.1%})" if drift else "")
               + (f"; stopped by the {stopped}, run the same command to go on" if stopped else ""))
     print(f"{report['dataset']}: {report['elapsed_s']} s")
 
@@ -159,11 +174,15 @@ def _info(args: argparse.Namespace) -> int:
     console = render.console()
     console.print(f"{args.dataset}: {info['rows']} measurements ({info['failed']} failed) of {info['programs']} "
                   f"programs, {info['tasks']} tasks, {len(info['devices'])} devices")
-    devices = Table(title="devices")
-    for column in ("device id", "device", "measured", "failed"):
+    devices = Table(title="devices (clean: timed >= 5 times within 2%; anchors: latest against first, worst "
+                          "within a run)")
+    for column in ("device id", "device", "CPU family/model", "measured", "failed", "clean", "median spread",
+                   "anchors"):
         devices.add_column(column)
     for identity, d in info["devices"].items():
-        devices.add_row(identity, d["description"], str(d["measured"]), str(d["rows"] - d["measured"]))
+        devices.add_row(identity, d["description"], d["device"].get("family_model", ""), str(d["measured"]),
+                        str(d["rows"] - d["measured"]), str(d["clean"]), render.cell(d["median_spread"]),
+                        _drift_cell(d["anchor_drift"]))
     console.print(devices)
     workloads = Table(title="workloads")
     for column in ("workload", "tasks", "measurements"):
@@ -172,6 +191,16 @@ def _info(args: argparse.Namespace) -> int:
         workloads.add_row(name, str(w["tasks"]), str(w["rows"]))
     console.print(workloads)
     return 0
+
+
+def _drift_cell(summary: dict[str, Any] | None) -> str:
+    if not summary:
+        return "-"
+    parts = [f"{summary['runs']} runs"]
+    for name, key in (("latest", "latest_vs_first"), ("within", "worst_within_run")):
+        if summary[key]:
+            parts.append(f"{name} {summary[key]['ratio']:.3f}x")
+    return ", ".join(parts)
 
 
 def _export(args: argparse.Namespace) -> int:

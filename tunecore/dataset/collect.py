@@ -7,6 +7,10 @@ with its XGBoost model, per task, starting from the random ones), so the dataset
 typical program and the good ones a tuner looks for. It runs the ordinary tuning loop on one task
 at a time, so failures are data (a record with its error) exactly as in ``tunecore run``.
 
+Both take their labels by the label protocol (tunecore.dataset.protocol): no screening, a warm-up call
+and 5 timings of >= 20 ms each, noisy programs measured again and flagged, the machine's load per batch,
+one thread by default, and an anchor set measured at the start and end of every run.
+
 Both commands resume: the dataset file is rewritten after every task, a program already in it for
 a device is never measured again for that device, and running the same command twice measures
 nothing the second time.
@@ -20,6 +24,8 @@ import hashlib
 import time
 from typing import Any, Callable, Collection, Iterator
 
+from tunecore.dataset import protocol
+from tunecore.dataset.protocol import CollectionRun, LabelMeasurer
 from tunecore.dataset.table import Dataset, Measurement, describe_device
 from tunecore.errors import UsageError
 
@@ -29,7 +35,7 @@ RANDOM = "random"
 @dataclasses.dataclass
 class CollectPlan:
     models: list[str]
-    targets: list[str] = dataclasses.field(default_factory=lambda: ["llvm"])
+    targets: list[str] | None = None  # default: this CPU, one thread (protocol.one_thread_target)
     per_task: int = 64  # programs per task on each device
     random_fraction: float = 0.5  # of ``per_task``, sampled uniformly; the rest by ``search``
     search: str = "ansor"
@@ -39,6 +45,8 @@ class CollectPlan:
     seed: int = 0
     max_programs: int | None = None  # new measurements per device in this invocation
     time_limit: float | None = None  # seconds for this invocation
+    max_spread: float = protocol.MAX_SPREAD  # a program whose timings spread more is measured again, then flagged
+    anchors: int = protocol.ANCHORS  # programs measured at the start and end of the run (0: none)
 
 
 @dataclasses.dataclass
@@ -61,6 +69,7 @@ def collect(path: str, plan: CollectPlan, *, registry: Any = None,
     """Measure what ``plan`` asks for that ``path`` does not hold yet; returns what was done."""
     from tunecore.registry import Registry
     from tunecore.targets import resolve_target
+    from tunecore.tvmjson import target_to_json
     from tunecore.workloads import extract_tasks, load_workload
 
     _check_plan(plan)
@@ -73,14 +82,14 @@ def collect(path: str, plan: CollectPlan, *, registry: Any = None,
     workloads = [load_workload(spec) for spec in plan.models]
     started = time.time()
     report: dict[str, Any] = {"dataset": path, "devices": []}
-    for spec in plan.targets:
+    for spec in plan.targets or [protocol.one_thread_target()]:
         target = resolve_target(spec)
         tasks = {}
         for workload in workloads:
             for task in extract_tasks(workload, target):
                 dataset.add_task(task)
                 tasks.setdefault(task.workload_hash, task)
-        with _measurer(registry, plan, target) as measurer:
+        with _measurer(registry, plan, target, path) as measurer:
             device = measurer.device()
             device_id = dataset.add_device(device)
             counts = _Counts(dataset, device_id)
@@ -101,26 +110,31 @@ def collect(path: str, plan: CollectPlan, *, registry: Any = None,
                 _check_limits(plan, started, done["measured"])
 
             saver = _Saver(dataset, path)
+            run = CollectionRun(dataset, device_id, measurer, target_to_json(target), plan.anchors, plan.seed,
+                                "collect", _anchor_progress(on_progress, label))
             try:
-                for key, task in tasks.items():
-                    if not needs[key]:
-                        continue
-                    phases = [(RANDOM, n_random - counts.by(key, RANDOM))] if n_random else []
-                    if guided:
-                        phases.append((plan.search, None))
-                    for search, wanted in phases:
-                        left = plan.per_task - counts.total(key)
-                        if plan.max_programs is not None:
-                            left = min(left, plan.max_programs - done["measured"])
-                        trials = left if wanted is None else min(left, wanted)
-                        if trials > 0:
-                            _tune_one(dataset, task, device_id, search, trials, plan, registry, measurer, on_round)
-                            saver.save(at_most_every=60)
-            except _Stop as stop:
-                entry["stopped"] = str(stop)
+                try:
+                    for key, task in tasks.items():
+                        if not needs[key]:
+                            continue
+                        phases = [(RANDOM, n_random - counts.by(key, RANDOM))] if n_random else []
+                        if guided:
+                            phases.append((plan.search, None))
+                        for search, wanted in phases:
+                            left = plan.per_task - counts.total(key)
+                            if plan.max_programs is not None:
+                                left = min(left, plan.max_programs - done["measured"])
+                            trials = left if wanted is None else min(left, wanted)
+                            if trials > 0:
+                                _tune_one(dataset, task, device_id, search, trials, plan, registry, measurer,
+                                          on_round)
+                                saver.save(at_most_every=60)
+                except _Stop as stop:
+                    entry["stopped"] = str(stop)
+                entry.update(measured=done["measured"], failed=done["failed"])
+                entry.update(run.finish(dict(entry)))
             finally:
                 saver.save()
-            entry.update(measured=done["measured"], failed=done["failed"])
             if entry["stopped"]:
                 break
     report["elapsed_s"] = round(time.time() - started, 1)
@@ -128,23 +142,28 @@ def collect(path: str, plan: CollectPlan, *, registry: Any = None,
     return report
 
 
-def remeasure(path: str, target_spec: str, *, per_task: int | None = None, source_device: str | None = None,
-              task_keys: Collection[str] | None = None, again_before: float | None = None,
-              measurer_name: str = "local",
+def remeasure(path: str, target_spec: str | None = None, *, per_task: int | None = None,
+              source_device: str | None = None, task_keys: Collection[str] | None = None,
+              again_before: float | None = None, measurer_name: str = "local",
               options: dict[str, dict[str, Any]] | None = None, seed: int = 0,
-              time_limit: float | None = None, registry: Any = None,
+              time_limit: float | None = None, max_spread: float = protocol.MAX_SPREAD, anchors: int = protocol.ANCHORS,
+              second_labels: bool = False, registry: Any = None,
               on_progress: Callable[[Progress], None] | None = None) -> dict[str, Any]:
     """Measure programs of the dataset on the device of ``target_spec``: the same traces, so that
     models see one program on several devices.
 
-    Takes every program measured successfully on ``source_device`` (default: on any device), or per
-    task the first ``per_task`` of them in an order fixed by ``seed`` (so an interrupted remeasure
-    continues with the same programs); of the tasks in ``task_keys`` only, if given. A program already
-    measured on that device is skipped, unless its measurement is older than ``again_before`` (a Unix
-    time): then it is measured again and the new measurement replaces the old, so that a device's
-    labels can be renewed on a quiet machine, resumably (run again with the same time).
+    ``target_spec`` defaults to this CPU, one thread. Takes every program measured successfully on
+    ``source_device`` (default: on any device), or per task the first ``per_task`` of them in an order
+    fixed by ``seed`` (so an interrupted remeasure continues with the same programs); of the tasks in
+    ``task_keys`` only, if given. A program already measured on that device is skipped, unless its
+    measurement is older than ``again_before`` (a Unix time): then it is measured again and the new
+    measurement replaces the old, so that a device's labels can be renewed on a quiet machine, resumably
+    (run again with the same time).
+
+    ``second_labels``: measure the programs this device has measured once more, in this run, and keep the
+    latency beside the row's own as ``label.second`` (the yardstick's noise ceiling); programs that have one
+    are skipped, so it resumes too.
     """
-    from tunecore.data import Candidate
     from tunecore.registry import Registry
     from tunecore.targets import resolve_target
     from tunecore.tvmjson import target_to_json
@@ -155,56 +174,88 @@ def remeasure(path: str, target_spec: str, *, per_task: int | None = None, sourc
         from tunecore.dataset.split import device_of
 
         source_device = device_of(dataset, source_device)
-    target = resolve_target(target_spec)
+    if second_labels and (again_before is not None or source_device is not None):
+        raise UsageError("--second-labels measures this device's own programs again: not with --again-before "
+                         "or --from-device")
+    target = resolve_target(target_spec or protocol.one_thread_target())
     target_json = target_to_json(target)
     kind = target.kind.name
-    chosen = _programs_to_remeasure(dataset, kind, per_task, source_device, seed)
-    if task_keys is not None:
-        chosen = {key: rows for key, rows in chosen.items() if key in task_keys}
-    if not chosen:
-        raise UsageError(f"{path}: no successfully measured {kind} programs to remeasure")
-    plan = CollectPlan([], measurer=measurer_name, options=options or {}, time_limit=time_limit)
+    plan = CollectPlan([], measurer=measurer_name, options=options or {}, time_limit=time_limit,
+                       max_spread=max_spread, anchors=anchors)
+    _check_protocol(plan)
+
+    def programs(source: str | None) -> dict[str, list[Measurement]]:
+        chosen = _programs_to_remeasure(dataset, kind, per_task, source, seed)
+        chosen = {key: rows for key, rows in chosen.items() if task_keys is None or key in task_keys}
+        if not chosen:
+            raise UsageError(f"{path}: no successfully measured {kind} programs to remeasure"
+                             + (" on this device" if second_labels else ""))
+        return chosen
+
+    chosen = None if second_labels else programs(source_device)
     started = time.time()
-    with _measurer(registry, plan, target) as measurer:
+    with _measurer(registry, plan, target, path) as measurer:
         device = measurer.device()
         device_id = dataset.add_device(device)
+        chosen = chosen or programs(device_id)
 
         def wanted(key: str, program_key: str) -> bool:
             known = dataset.row(key, program_key, device_id)
+            if second_labels:
+                return not {protocol.SECOND_LABEL, protocol.SECOND_FAILED} & known.profile.keys()
             return known is None or (again_before is not None and known.measured_at < again_before)
 
         todo = {key: [r for r in rows if wanted(key, r.program_key)] for key, rows in chosen.items()}
         total = sum(map(len, todo.values()))
         label = describe_device(device)
-        measured = failed = 0
-        stopped = None
-        batch = 32 * measurer.capacity
+        done = {"measured": 0, "failed": 0}
         saver = _Saver(dataset, path)
+        run = CollectionRun(dataset, device_id, measurer, target_json, anchors, seed, "remeasure",
+                         _anchor_progress(on_progress, label))
+        report = {"dataset": path, "device_id": device_id, "device": label, "stopped": None}
         try:
-            for key, rows in todo.items():
-                task = dataset.tasks[key].for_target(target_json)
-                for start in range(0, len(rows), batch):
-                    part = rows[start:start + batch]
-                    candidates = [Candidate(task, r.trace, r.program_key, r.origin) for r in part]
-                    results = measurer.measure(task, candidates)
-                    now = time.time()
-                    for row, result in zip(part, results):
-                        dataset.add(Measurement(key, row.program_key, row.trace, device_id, target_json,
-                                                result.run_secs, result.error, result.build_secs,
-                                                dict(result.profile), row.origin, row.collected_by, now),
-                                    replace=again_before is not None)
-                    measured += len(part)
-                    failed += sum(r.latency is None for r in results)
-                    if on_progress:
-                        on_progress(Progress(label, task.name, measured, total, failed))
-                    _check_limits(plan, started, measured)
-                saver.save(at_most_every=60)
-        except _Stop as stop:
-            stopped = str(stop)
+            try:
+                for key, rows in todo.items():
+                    _remeasure_task(dataset, dataset.tasks[key].for_target(target_json), rows, device_id, measurer,
+                                    "second" if second_labels else "replace" if again_before else "add", done,
+                                    total, label, on_progress)
+                    _check_limits(plan, started, done["measured"])
+                    saver.save(at_most_every=60)
+            except _Stop as stop:
+                report["stopped"] = str(stop)
+            report.update(done, left=total - done["measured"])
+            report.update(run.finish(dict(report)))
         finally:
             saver.save()
-    return {"dataset": path, "device_id": device_id, "device": label, "measured": measured, "failed": failed,
-            "left": total - measured, "stopped": stopped, "elapsed_s": round(time.time() - started, 1)}
+    report["elapsed_s"] = round(time.time() - started, 1)
+    return report
+
+
+def _remeasure_task(dataset: Dataset, task: Any, rows: list[Measurement], device_id: str, measurer: Any,
+                    mode: str, done: dict[str, int], total: int, label: str,
+                    on_progress: Callable[[Progress], None] | None) -> None:
+    """Measure ``rows``' programs on the device; ``mode``: add them as its rows, replace its rows, or keep the
+    latency as its rows' second label."""
+    from tunecore.data import Candidate
+
+    batch = 32 * measurer.capacity
+    for start in range(0, len(rows), batch):
+        part = rows[start:start + batch]
+        results = measurer.measure(task, [Candidate(task, r.trace, r.program_key, r.origin) for r in part])
+        now = time.time()
+        for row, result in zip(part, results):
+            if mode == "second":
+                known = dataset.row(row.task_key, row.program_key, device_id)
+                key = protocol.SECOND_LABEL if result.latency is not None else protocol.SECOND_FAILED
+                known.profile[key] = result.latency if result.latency is not None else 1.0
+                continue
+            dataset.add(Measurement(row.task_key, row.program_key, row.trace, device_id, task.target_json,
+                                    result.run_secs, result.error, result.build_secs, dict(result.profile),
+                                    row.origin, row.collected_by, now), replace=mode == "replace")
+        done["measured"] += len(part)
+        done["failed"] += sum(r.latency is None for r in results)
+        if on_progress:
+            on_progress(Progress(label, task.name, done["measured"], total, done["failed"]))
 
 
 class _Counts:
@@ -287,18 +338,27 @@ class _Saver:
 
 
 @contextlib.contextmanager
-def _measurer(registry: Any, plan: CollectPlan, target: Any) -> Iterator[Any]:
-    """The measurer of a plan for a target, closed afterwards."""
+def _measurer(registry: Any, plan: CollectPlan, target: Any, path: str) -> Iterator[LabelMeasurer]:
+    """The measurer of a plan for a target, taking labels by the label protocol for the dataset in ``path``;
+    closed afterwards."""
     from tunecore.api import _construct
     from tunecore.options import options_for
 
     registry.check_target(target, measurer=plan.measurer)
-    measurer = _construct(registry, "measurer", plan.measurer, target, **options_for(plan.options, "measurer",
-                                                                                      plan.measurer))
+    options = options_for(protocol.label_options(plan.options, plan.measurer), "measurer", plan.measurer)
+    measurer = LabelMeasurer(_construct(registry, "measurer", plan.measurer, target, **options), plan.max_spread,
+                             pause_file=path + ".pause")
     try:
         yield measurer
     finally:
         measurer.close()
+
+
+def _anchor_progress(on_progress: Callable[[Progress], None] | None, label: str) -> Callable[[str, int, int], None]:
+    def report(task_name: str, done: int, total: int) -> None:
+        if on_progress:
+            on_progress(Progress(f"{label}, anchors", task_name, done, total, 0))
+    return report
 
 
 def _check_limits(plan: CollectPlan, started: float, measured: int) -> None:
@@ -318,6 +378,14 @@ def _check_plan(plan: CollectPlan) -> None:
     for name, value in (("--max-programs", plan.max_programs), ("--time-limit", plan.time_limit)):
         if value is not None and value <= 0:
             raise UsageError(f"{name} must be > 0")
+    _check_protocol(plan)
+
+
+def _check_protocol(plan: CollectPlan) -> None:
+    if plan.max_spread < 0:
+        raise UsageError("--max-spread must be >= 0")
+    if plan.anchors < 0:
+        raise UsageError("--anchors must be >= 0")
 
 
 def _check_installed(registry: Any, role: str, name: str, flag: str) -> None:

@@ -16,10 +16,22 @@ the programs that ran (failures are training data, not test data):
 - for models that predict latency (``predicts_latency``): ``mape`` and ``rmse_ms`` of the predicted seconds;
 - ``train_s`` and ``predict_programs_per_s`` (programs replayed into schedules before the clock starts).
 
-Beside the models, every report has a reference row (``references``): the **per-task constant floor**, for
-each tested group the one latency with the lowest MAPE, chosen knowing the group's labels. It ranks nothing
-(its ties are broken at random), and no model that predicts one latency per task does better on MAPE: a model
-at or above it has learned nothing about programs within a task.
+- ``mape_task_normalised``: the MAPE left once each group's predictions are rescaled by the one factor that
+  fits that group best: the error in placing programs within their task, with each task's level forgiven.
+
+Beside the models, every report has two reference rows (``references``):
+
+- the **per-task constant floor**: for each tested group the one latency with the lowest MAPE, chosen knowing
+  the group's labels. It ranks nothing (its ties are broken at random), and no model that predicts one latency
+  per task does better on MAPE: a model at or above it has learned nothing about programs within a task;
+- the **noise ceiling**: the tested programs' second, independent labels (``label.second``, taken by ``tunecore
+  dataset remeasure --second-labels`` in another run) scored as if they were a prediction of the first: no
+  model can be expected to agree with the labels better than the machine agrees with itself. It covers the
+  tested programs that have a second label (``programs``); none without them.
+
+With ``group_size`` N, each tested (task, device) group is cut into disjoint groups of exactly N programs
+(chosen by seed; groups smaller than N are left out), so that recall@k means the same in every row (chance
+k / N: 0.25 for recall@32 in groups of 128, as the ncu paper's).
 """
 
 from __future__ import annotations
@@ -30,14 +42,17 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from tunecore.dataset.protocol import SECOND_LABEL
 from tunecore.dataset.split import Split
 from tunecore.dataset.table import Dataset, Measurement
+from tunecore.errors import UsageError
 
 TOP_K = (1, 5, 32)
 
 
 def evaluate(dataset: Dataset, split: Split, model_names: Sequence[str], *, seed: int = 0,
-             options: dict[str, dict[str, Any]] | None = None, registry: Any = None) -> dict[str, Any]:
+             options: dict[str, dict[str, Any]] | None = None, group_size: int | None = None,
+             registry: Any = None) -> dict[str, Any]:
     """Metrics per cost model (see the module docstring), with the split's sizes."""
     from tunecore.registry import Registry
 
@@ -46,26 +61,69 @@ def evaluate(dataset: Dataset, split: Split, model_names: Sequence[str], *, seed
         registry.get("cost_model", name)  # an unknown name fails before any work
     train = measured_groups(dataset, split.train)
     test = measured_groups(dataset, [r for r in split.test if r.latency is not None])
+    if group_size is not None:
+        test = fixed_size_groups(test, group_size, seed)
     for _, candidates, _, _ in train + test:
         for c in candidates:
             _ = c.sch  # replay once, outside every model's clock; candidates are shared by the models
     out: dict[str, Any] = {
         "split": split.spec,
         "train": {"measurements": len(split.train), "groups": len(train)},
-        "test": {"measurements": sum(len(g[1]) for g in test), "groups": len(test)},
+        "test": {"measurements": sum(len(g[1]) for g in test), "groups": len(test), "group_size": group_size},
         "models": {},
     }
     for name in model_names:
         out["models"][name] = _evaluate_one(registry, name, train, test, split, seed, options or {})
-    out["references"] = {"per-task constant (floor)": constant_floor(test, split, seed)}
+    out["references"] = {"per-task constant (floor)": constant_floor(test, split, seed),
+                         "second labels (ceiling)": noise_ceiling(test, split, seed)}
     return out
+
+
+def fixed_size_groups(test: list, size: int, seed: int) -> list:
+    """Each measured group cut into disjoint groups of exactly ``size`` programs, chosen by seed."""
+    if size < 2:
+        raise UsageError(f"--group-size {size}: expected an integer >= 2")
+    rng = np.random.default_rng(seed)
+    out = []
+    for task, candidates, results, device in test:
+        order = rng.permutation(len(candidates))
+        for start in range(0, len(order) - size + 1, size):
+            chosen = sorted(order[start:start + size])
+            out.append((task, [candidates[i] for i in chosen], [results[i] for i in chosen], device))
+    if not out:
+        raise UsageError(f"--group-size {size}: no tested task x device group has {size} measured programs")
+    return out
+
+
+def weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
+    order = np.argsort(values)
+    cumulative = np.cumsum(weights[order])
+    return float(values[order][np.searchsorted(cumulative, cumulative[-1] / 2)])
 
 
 def best_constant(latencies: np.ndarray) -> float:
     """The constant c with the lowest mean |c - y| / y over latencies y: their median weighted by 1 / y."""
-    order = np.sort(latencies)
-    weights = np.cumsum(1 / order)
-    return float(order[np.searchsorted(weights, weights[-1] / 2)])
+    return weighted_median(latencies, 1 / latencies)
+
+
+def best_scale(latencies: np.ndarray, predicted: np.ndarray) -> float:
+    """The factor c with the lowest mean |c p - y| / y: the median of y / p weighted by p / y."""
+    return weighted_median(latencies / predicted, predicted / latencies)
+
+
+def noise_ceiling(test: list, split: Split, seed: int) -> dict[str, Any]:
+    """The metrics of the tested programs' second labels as a prediction of their first, on the programs that
+    have one."""
+    firsts, seconds, weights = [], [], []
+    for task, _, results, _ in test:
+        pairs = [(r.latency, r.profile[SECOND_LABEL]) for r in results if SECOND_LABEL in r.profile]
+        if pairs:
+            firsts.append(np.array([a for a, _ in pairs]))
+            seconds.append(np.array([b for _, b in pairs]))
+            weights.append(split.weights.get(task.workload_hash, 1))
+    if not firsts:
+        return {"programs": 0}
+    return {**guess_metrics(firsts, seconds, weights, seed), "programs": int(sum(map(len, firsts)))}
 
 
 def constant_floor(test: list, split: Split, seed: int) -> dict[str, Any]:
@@ -161,7 +219,12 @@ def ranking_metrics(latencies: list[np.ndarray], scores: list[np.ndarray], weigh
 
 def latency_metrics(latencies: list[np.ndarray], predicted: list[np.ndarray]) -> dict[str, Any]:
     true, pred = np.concatenate(latencies), np.concatenate(predicted)
+    normalised = None
+    if np.all(pred > 0):  # a factor cannot rescale a non-positive prediction
+        errors = [np.abs(p * best_scale(y, p) - y) / y for y, p in zip(latencies, predicted)]
+        normalised = round(float(np.mean(np.concatenate(errors))), 4)
     return {"mape": round(float(np.mean(np.abs(pred - true) / true)), 4),
+            "mape_task_normalised": normalised,
             "rmse_ms": round(float(np.sqrt(np.mean((pred - true) ** 2))) * 1e3, 4)}
 
 

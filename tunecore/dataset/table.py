@@ -108,6 +108,10 @@ class Dataset:
         self.tasks: dict[str, DatasetTask] = {}
         self.devices: dict[str, dict[str, Any]] = {}  # device id -> Measurer.device()
         self.rows: list[Measurement] = []
+        # how labels were taken (tunecore.dataset.protocol): the anchor programs, [task key, program key] each,
+        # and one entry per collection run with the anchors' latencies at its start and end
+        self.anchors: list[list[str]] = []
+        self.collections: list[dict[str, Any]] = []
         self._row_of: dict[tuple[str, str, str], Measurement] = {}  # (task, program, device) -> its row
         self._by_task: dict[tuple[str, str], list[Measurement]] = collections.defaultdict(list)
 
@@ -155,6 +159,9 @@ class Dataset:
             self.add_task(dataclasses.replace(task, workloads=dict(task.workloads)))
         for description in other.devices.values():
             self.add_device(description)
+        self.anchors = self.anchors or [list(a) for a in other.anchors]
+        known = {(c["device_id"], c["started_at"]) for c in self.collections}
+        self.collections += [c for c in other.collections if (c["device_id"], c["started_at"]) not in known]
         return sum(self.add(row) for row in other.rows)
 
     # reading
@@ -165,11 +172,18 @@ class Dataset:
 
     def info(self) -> dict[str, Any]:
         """Counts by device, workload and task (what ``tunecore dataset info --json`` prints)."""
+        from tunecore.dataset.protocol import anchor_drift, is_clean
+
         by_task: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
         ok_by_device: collections.Counter = collections.Counter()
+        clean_by_device: collections.Counter = collections.Counter()
+        spreads: dict[str, list[float]] = collections.defaultdict(list)
         for row in self.rows:
             by_task[row.task_key][row.device_id] += 1
             ok_by_device[row.device_id] += row.latency is not None
+            clean_by_device[row.device_id] += is_clean(row)
+            if row.spread is not None:
+                spreads[row.device_id].append(row.spread)
         rows_by_device = collections.Counter(r.device_id for r in self.rows)
         workloads: dict[str, dict[str, int]] = {}
         for key, task in self.tasks.items():
@@ -185,9 +199,13 @@ class Dataset:
             "failed": len(self.rows) - sum(ok_by_device.values()),
             "programs": len({(r.task_key, r.program_key) for r in self.rows}),
             "tasks": len(self.tasks),
+            "clean": sum(clean_by_device.values()),
             "devices": {
                 identity: {"description": describe_device(d), "rows": rows_by_device[identity],
-                           "measured": ok_by_device[identity], "device": d}
+                           "measured": ok_by_device[identity], "clean": clean_by_device[identity],
+                           "median_spread": (round(statistics.median(spreads[identity]), 5) if spreads[identity]
+                                             else None),
+                           "anchor_drift": anchor_drift(self.collections, identity), "device": d}
                 for identity, d in sorted(self.devices.items(), key=lambda item: -rows_by_device[item[0]])
             },
             "workloads": dict(sorted(workloads.items())),
@@ -233,6 +251,8 @@ class Dataset:
     def _read(cls, table: Any, meta: dict[str, str]) -> Dataset:
         dataset = cls()
         dataset.devices = json.loads(meta["devices"])
+        dataset.anchors = json.loads(meta.get("anchors", "[]"))
+        dataset.collections = json.loads(meta.get("collections", "[]"))
         columns = {name: table.column(name) for name in table.column_names}
         tasks = _unique_rows(columns, _TASK_COLUMNS)
         for values in tasks.values():
@@ -282,7 +302,8 @@ class Dataset:
             arrays[name] = pa.array(values, types.get(name, pa.string()))
         arrays["latency"] = pa.array([r.latency for r in rows], pa.float64())
         metadata = {"format": FORMAT, "format_version": str(FORMAT_VERSION),
-                    "devices": json.dumps(self.devices, sort_keys=True), "written_at": str(time.time())}
+                    "devices": json.dumps(self.devices, sort_keys=True), "written_at": str(time.time()),
+                    "anchors": json.dumps(self.anchors), "collections": json.dumps(self.collections)}
         table = pa.table(arrays).replace_schema_metadata(metadata)
         temporary = f"{path}.writing"
         pq.write_table(table, temporary, compression="zstd", compression_level=9, row_group_size=1 << 16,
