@@ -398,4 +398,9 @@ def test_a_stopped_collection_resumes_where_it_stopped(tmp_path):
     info = Dataset.load(str(path)).info()
     assert rest["devices"][0]["stopped"] is None
     assert info["tasks"] == 3 and rest["devices"][0]["measured"] + 4 == info["rows"] >= 7  # a reshape has few
+    dataset = Dataset.load(str(path))
+    device = rest["devices"][0]["device_id"]
+    exhausted = dataset.exhausted[device]  # the tasks whose design space holds fewer programs than asked
+    assert exhausted and all(len(dataset.rows_of(key, device)) < 3 for key in exhausted)
+    assert all(len(dataset.rows_of(key, device)) == 3 for key in dataset.tasks if key not in exhausted)
     assert cli_json(run_cli(*args))["devices"][0]["measured"] == 0

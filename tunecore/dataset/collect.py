@@ -94,7 +94,8 @@ def collect(path: str, plan: CollectPlan, *, registry: Any = None,
             device_id = dataset.add_device(device)
             counts = _Counts(dataset, device_id)
             n_random = round(plan.per_task * plan.random_fraction)
-            needs = {key: max(0, plan.per_task - counts.total(key)) for key in tasks}
+            exhausted = dataset.exhausted.setdefault(device_id, [])
+            needs = {key: 0 if key in exhausted else max(0, plan.per_task - counts.total(key)) for key in tasks}
             total = sum(needs.values()) if plan.max_programs is None else min(plan.max_programs, sum(needs.values()))
             done = {"measured": 0, "failed": 0}
             label = describe_device(device)
@@ -126,8 +127,13 @@ def collect(path: str, plan: CollectPlan, *, registry: Any = None,
                                 left = min(left, plan.max_programs - done["measured"])
                             trials = left if wanted is None else min(left, wanted)
                             if trials > 0:
-                                _tune_one(dataset, task, device_id, search, trials, plan, registry, measurer,
-                                          on_round)
+                                stopped = _tune_one(dataset, task, device_id, search, trials, plan, registry,
+                                                    measurer, on_round)
+                                # the tuner's reason when uniform sampling finds no new program (not "every
+                                # candidate failed"): the task's design space holds no more
+                                if search == RANDOM and stopped and "no new candidates" in stopped:
+                                    exhausted.append(key)
+                                    break
                                 saver.save(at_most_every=60)
                 except _Stop as stop:
                     entry["stopped"] = str(stop)
@@ -272,9 +278,10 @@ class _Counts:
 
 
 def _tune_one(dataset: Dataset, task: Any, device_id: str, search_name: str, trials: int, plan: CollectPlan,
-              registry: Any, measurer: Any, on_round: Callable[[str, int, int], None]) -> None:
+              registry: Any, measurer: Any, on_round: Callable[[str, int, int], None]) -> str | None:
     """Run the tuning loop on one task with one search policy, starting from what the dataset holds
-    for it on this device; whatever got measured goes into the dataset, also when stopped or interrupted."""
+    for it on this device; whatever got measured goes into the dataset, also when stopped or interrupted.
+    Returns why the task stopped before its trials (the search had no new candidates), or None."""
     from tunecore.api import _construct
     from tunecore.options import options_for
     from tunecore.store.sqlite import MemoryStore
@@ -297,8 +304,9 @@ def _tune_one(dataset: Dataset, task: Any, device_id: str, search_name: str, tri
         on_round(task.name, new, errors)
 
     try:
-        Tuner(search=search, cost_model=cost_model, store=store, measurer=measurer, seed=seed,
-              on_round=report).tune([task], trials, {"model": task.model, "run_key": "dataset"})
+        summary = Tuner(search=search, cost_model=cost_model, store=store, measurer=measurer, seed=seed,
+                        on_round=report).tune([task], trials, {"model": task.model, "run_key": "dataset"})
+        return summary["tasks"][0]["stopped"]
     finally:
         for record in store.records(task.task_id):
             dataset.add(Measurement.of(task, record, device_id, collected_by=search_name))

@@ -112,6 +112,7 @@ class Dataset:
         # and one entry per collection run with the anchors' latencies at its start and end
         self.anchors: list[list[str]] = []
         self.collections: list[dict[str, Any]] = []
+        self.exhausted: dict[str, list[str]] = {}  # device id -> tasks whose design space uniform sampling ran out of
         self._row_of: dict[tuple[str, str, str], Measurement] = {}  # (task, program, device) -> its row
         self._by_task: dict[tuple[str, str], list[Measurement]] = collections.defaultdict(list)
 
@@ -162,6 +163,8 @@ class Dataset:
         self.anchors = self.anchors or [list(a) for a in other.anchors]
         known = {(c["device_id"], c["started_at"]) for c in self.collections}
         self.collections += [c for c in other.collections if (c["device_id"], c["started_at"]) not in known]
+        for device, keys in other.exhausted.items():
+            self.exhausted[device] = sorted(set(self.exhausted.get(device, [])) | set(keys))
         return sum(self.add(row) for row in other.rows)
 
     # reading
@@ -253,6 +256,7 @@ class Dataset:
         dataset.devices = json.loads(meta["devices"])
         dataset.anchors = json.loads(meta.get("anchors", "[]"))
         dataset.collections = json.loads(meta.get("collections", "[]"))
+        dataset.exhausted = json.loads(meta.get("exhausted", "{}"))
         columns = {name: table.column(name) for name in table.column_names}
         tasks = _unique_rows(columns, _TASK_COLUMNS)
         for values in tasks.values():
@@ -303,7 +307,8 @@ class Dataset:
         arrays["latency"] = pa.array([r.latency for r in rows], pa.float64())
         metadata = {"format": FORMAT, "format_version": str(FORMAT_VERSION),
                     "devices": json.dumps(self.devices, sort_keys=True), "written_at": str(time.time()),
-                    "anchors": json.dumps(self.anchors), "collections": json.dumps(self.collections)}
+                    "anchors": json.dumps(self.anchors), "collections": json.dumps(self.collections),
+                    "exhausted": json.dumps(self.exhausted, sort_keys=True)}
         table = pa.table(arrays).replace_schema_metadata(metadata)
         temporary = f"{path}.writing"
         pq.write_table(table, temporary, compression="zstd", compression_level=9, row_group_size=1 << 16,
