@@ -31,6 +31,8 @@ def _v2_counts():
     import collections
 
     from tunecore.dataset.protocol import is_clean
+    from tunecore.targets import host_target
+    from tunecore.workloads import extract_tasks, load_workload
 
     dataset = Dataset.load(V2)
     clean_rows = [r for r in dataset.rows if is_clean(r)]
@@ -40,10 +42,9 @@ def _v2_counts():
     most = collections.Counter()
     for (key, _), programs in by_task.items():
         most[key] = max(most[key], len(programs))
-    # a file holds only the tasks it has rows of: v1 has every task of every zoo network
-    every_task = {**Dataset.load(SHIPPED).tasks, **dataset.tasks}
-    held = {key for key, task in every_task.items() if set(task.workloads) & set(HELD_OUT)}
-    heavy = {key for key, task in every_task.items() if key not in held
+    # a file holds only the tasks it has rows of: the held-out networks' tasks are extracted here
+    held = {task.workload_hash for model in HELD_OUT for task in extract_tasks(load_workload(model), host_target())}
+    heavy = {key for key, task in dataset.tasks.items() if key not in held
              and any(kind in task.kernel_class for kind in ("conv", "dense", "matmul"))}
     exhausted = set().union(*dataset.exhausted.values())
     cpus = collections.Counter()

@@ -29,6 +29,7 @@ class TuneConfig:
 
     model: str  # zoo:<name> | op:<name> | a path to .onnx, to file.py:factory or to a Relax module .json
     input_shapes: dict[str, tuple[int, ...]] | None = None  # --input-shape: an ONNX or PyTorch model's inputs
+    layout: str | None = None  # --layout: the layout a network's convs are tuned in (None: nchw, tunecore.layouts)
     # the workload's budget, whichever ends first, earlier runs included: records its runs put in the
     # store, seconds its runs tuned (None: no limit of that kind; one of the two must be given)
     trials: int | None = None
@@ -139,14 +140,15 @@ def tune(
     tvm_target = resolve_target(config.target)
     registry = Registry.shared()
     with components(tvm_target, config, registry) as (search, cost_model, store, measurer):
-        workload = load_workload(config.model, config.input_shapes)
+        workload = load_workload(config.model, config.input_shapes, config.layout)
         tasks = extract_tasks(workload, tvm_target)
         if on_tasks:
             on_tasks(tasks)
         tuner = Tuner(search=search, cost_model=cost_model, store=store, measurer=measurer, seed=config.seed,
                       scheduler=config.scheduler, round_size=config.round_size, plugin_manager=registry.pm,
                       on_round=on_round)
-        info = {"model": workload.name, "target": target_to_json(tvm_target), "search": search.name,
+        info = {"model": workload.name, "layout": workload.layout, "target": target_to_json(tvm_target),
+                "search": search.name,
                 "cost_model": config.cost_model, "measurer": config.measurer, "store": config.store or DEFAULT_STORE,
                 "options": config.options}
         if config.run_key is not None:

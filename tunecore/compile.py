@@ -58,13 +58,13 @@ def build(workload: Workload, target: Any, database: Any) -> Any:
     as parameters (zoo models; ``Runnable`` calls it once).
     """
     if workload.is_network:
-        return _build_network(workload.mod, target, database)
+        return _build_network(workload.mod, target, database, workload.layout)
     from tvm.s_tir.meta_schedule.builder.local_builder import default_build
 
     return default_build(scheduled_operator(workload, target, database), target, None)
 
 
-def _build_network(mod: Any, target: Any, database: Any) -> Any:
+def _build_network(mod: Any, target: Any, database: Any, layout: str = "nchw") -> Any:
     import tvm
     from tvm import relax
 
@@ -73,7 +73,7 @@ def _build_network(mod: Any, target: Any, database: Any) -> Any:
     @tvm.transform.module_pass(opt_level=3, name="TunecoreBuild")
     def passes(mod: Any, _context: Any) -> Any:
         return tvm.transform.Sequential([
-            *fusion_passes(target),  # as tasks were extracted, so the database's keys match
+            *fusion_passes(target, layout),  # as tasks were extracted, so the database's keys match
             relax.transform.MetaScheduleApplyDatabase(),
             tvm.transform.module_pass(_split_layout_rewrite_preproc, opt_level=0, name="SplitLayoutRewritePreproc"),
             relax.transform.LiftTransformParams(),
@@ -262,6 +262,7 @@ def compile_and_check(workload: Workload, target: Any, store: RecordStore, *, ou
         tuned.export_library(output)
     return {
         "model": workload.name,
+        "layout": workload.layout,
         "tasks_total": len(tasks),
         "tasks_tuned": covered,
         "latency_ms": latency * 1e3,

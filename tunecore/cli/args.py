@@ -15,6 +15,9 @@ def add_common(p: argparse.ArgumentParser, *, model: bool = True, target: bool =
         p.add_argument("--input-shape", action="append", metavar="NAME=DIMS", dest="input_shape",
                        help="shape of an ONNX or PyTorch model's input, e.g. input_ids=1x128 (repeatable); "
                             "symbolic batch dimensions default to 1")
+        p.add_argument("--layout", default=None,
+                       help="the layout a network's convs are tuned and compiled in: nchw (the model's own, default) "
+                            "| nhwc | nchwc (blocked, B = the CPU's vector lanes); tune and compile with the same")
     if target:
         p.add_argument("--target", "-t", default="llvm",
                        help="llvm (this CPU, real mcpu) | cuda | a TVM JSON target dict (default: llvm)")

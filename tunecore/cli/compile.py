@@ -26,7 +26,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     target = resolve_target(args.target)
     store = api.open_store(args.store, create=False)
     try:
-        workload = load_workload(args.model, parse_input_shapes(args.input_shape))
+        workload = load_workload(args.model, parse_input_shapes(args.input_shape), args.layout)
         with render.console(stderr=True).status(f"compiling {args.model} tuned and untuned, checking and timing both"):
             report = compile_and_check(workload, target, store, output=args.output)
     finally:

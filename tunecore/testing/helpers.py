@@ -195,3 +195,37 @@ def write_tiny_onnx(path, size=64):
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, size, size])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])], weights)
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def write_small_cnn_onnx(path):
+    """A small CNN as ONNX (needs the `onnx` package), for the layout paths: a 3-channel stem conv, a 3x3 conv
+    16 -> 32 with bias and relu, a 1x1 conv with a residual add, a depthwise 3x3 conv, global average pooling
+    and a matmul; input 1x3x16x16. Every channel count but the stem's is a multiple of 16."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+
+    def weight(name, *shape, scale=0.2):
+        return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype("float32"), name)
+
+    weights = [weight("W1", 16, 3, 3, 3), weight("B1", 16), weight("W2", 32, 16, 3, 3), weight("B2", 32),
+               weight("W3", 32, 32, 1, 1), weight("B3", 32), weight("W4", 32, 1, 3, 3), weight("W5", 32, 10)]
+    nodes = [
+        helper.make_node("Conv", ["x", "W1", "B1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "W2", "B2"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c2"], ["r2"]),
+        helper.make_node("Conv", ["r2", "W3", "B3"], ["c3"]),
+        helper.make_node("Add", ["c3", "r2"], ["a3"]),
+        helper.make_node("Relu", ["a3"], ["r3"]),
+        helper.make_node("Conv", ["r3", "W4"], ["c4"], pads=[1, 1, 1, 1], group=32),
+        helper.make_node("GlobalAveragePool", ["c4"], ["p"]),
+        helper.make_node("Flatten", ["p"], ["f"]),
+        helper.make_node("MatMul", ["f", "W5"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "small_cnn",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])], weights)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)

@@ -26,11 +26,24 @@ class Workload:
     # what the model's own framework computes for the same inputs (onnxruntime, torch), when it is at hand
     reference: Callable[[list], list] | None = None
     reference_name: str = ""
+    layout: str = "nchw"  # the layout its convs are tuned and compiled in (tunecore.layouts)
 
 
-def load_workload(spec: str, input_shapes: dict[str, tuple[int, ...]] | None = None) -> Workload:
+def load_workload(spec: str, input_shapes: dict[str, tuple[int, ...]] | None = None,
+                  layout: str | None = None) -> Workload:
     """The workload a ``--model`` value names; UsageError with one line if it cannot be loaded.
-    ``input_shapes`` (``--input-shape``) binds the inputs of an ONNX file or a PyTorch module."""
+    ``input_shapes`` (``--input-shape``) binds the inputs of an ONNX file or a PyTorch module; ``layout``
+    (``--layout``, tunecore.layouts) is the layout a network's convs are tuned and compiled in."""
+    from tunecore.layouts import DEFAULT, check_layout
+
+    workload = _load(spec, input_shapes)
+    workload.layout = check_layout(layout or DEFAULT)
+    if not workload.is_network and workload.layout != DEFAULT:
+        raise UsageError(f"--layout {workload.layout}: {spec} is a single operator; layouts apply to networks")
+    return workload
+
+
+def _load(spec: str, input_shapes: dict[str, tuple[int, ...]] | None) -> Workload:
     torch_spec = re.fullmatch(r"(?:torch:)?(.+\.py)(?::(\w+))?", spec)
     if input_shapes and not (torch_spec or spec.startswith("onnx:") or spec.endswith(".onnx")):
         raise UsageError(f"--input-shape: {spec} has fixed shapes; it applies to ONNX files and PyTorch modules")
@@ -113,17 +126,21 @@ def _load_relax_json(path: str) -> Any:
     return mod
 
 
-def fusion_passes(target: Any) -> list:
-    """Legalize and fuse, as ``tunecore compile`` builds (tunecore.compile), so tuned tasks match what gets
-    compiled. Each kernel's weight buffers are marked layout-free: MetaSchedule's RewriteLayout then tiles
-    them in the order the schedule reads them, and the build packs them once (Ansor's layout rewrite)."""
+def fusion_passes(target: Any, layout: str = "nchw") -> list:
+    """Convert the convs' layout, legalize and fuse, as ``tunecore compile`` builds (tunecore.compile), so
+    tuned tasks match what gets compiled. Each kernel's weight buffers are marked layout-free:
+    MetaSchedule's RewriteLayout then tiles them in the order the schedule reads them, and the build packs
+    them once (Ansor's layout rewrite)."""
     import tvm
     from tvm import relax
     from tvm.relax import pipeline
 
+    from tunecore.layouts import layout_passes, legalize_map
+
     return [
+        *layout_passes(layout, target),
         *pipeline.library_dispatch_passes(target),
-        relax.transform.LegalizeOps(),
+        relax.transform.LegalizeOps(legalize_map()),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
@@ -156,11 +173,23 @@ def _mark_layout_free_weights(mod: Any, _context: Any) -> Any:
     return out
 
 
-def fuse(mod: Any, target: Any) -> Any:
+def fuse(mod: Any, target: Any, layout: str = "nchw") -> Any:
     import tvm
 
     with target, tvm.transform.PassContext(opt_level=3):
-        return tvm.transform.Sequential(fusion_passes(target))(mod)
+        return tvm.transform.Sequential(fusion_passes(target, layout))(mod)
+
+
+def _without_weight_transforms(mod: Any) -> Any:
+    """The module without the kernels that only transform weights (a converted layout's weight transforms):
+    the build lifts them into ``main_transform_params``, which runs once, so they are not worth tuning."""
+    from tvm import relax
+
+    lifted = relax.transform.LiftTransformParams()(mod)
+    for gv in list(lifted.get_global_vars()):
+        if gv.name_hint.endswith("transform_params"):
+            del lifted[gv]
+    return relax.transform.DeadCodeElimination()(lifted)
 
 
 def extract_tasks(workload: Workload, target: Any) -> list[Task]:
@@ -174,8 +203,13 @@ def extract_tasks(workload: Workload, target: Any) -> list[Task]:
                           model=workload.name)]
     from tvm.s_tir import meta_schedule as ms
 
+    from tunecore.layouts import check_layout
+
+    check_layout(workload.layout, target)
     try:
-        fused = fuse(workload.mod, target)
+        fused = fuse(workload.mod, target, workload.layout)
+        if workload.layout != "nchw":
+            fused = _without_weight_transforms(fused)
         extracted = ms.relax_integration.extract_tasks(fused, target)
     except Exception as error:  # TVM cannot lower this model: the user's model, the user's problem
         raise UsageError(f"--model {workload.name}: TVM cannot legalize/fuse it: "

@@ -1,0 +1,122 @@
+"""Data layouts of a network's convolutions: the layout a workload is tuned and compiled in (``--layout``).
+
+- ``nchw``: the model's own layout (what ONNX and PyTorch give), untouched;
+- ``nhwc``: every 2-D conv converted to NHWC activations and OHWI weights (Ansor's x86 advice);
+- ``nchwc``: convs converted to the blocked layout NCHW{B}c with weights OIHW{B}i{B}o, B the target's vector
+  width in fp32 lanes (16 with AVX-512, 8 with AVX2), the layout of onnxruntime's MLAS and oneDNN: a kernel's
+  innermost loop is one full vector of output channels. A conv whose channels are not a multiple of B (the
+  stem's 3 input channels) stays NCHW, with layout transforms around it.
+
+The conversion runs where legalization does (``fusion_passes``), so task extraction and ``compile`` see the same
+kernels; weights are transformed once at compile time (folded when bound as constants, lifted into
+``main_transform_params`` when passed as parameters), never per inference. Broadcast operands of lower rank (a
+bias of shape (C, 1, 1)) are first given the full rank, so that the add, relu and residual adds after a conv
+follow it into the blocked layout instead of converting back and forth around every conv.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from tunecore.errors import UsageError
+
+LAYOUTS = ("nchw", "nhwc", "nchwc")
+DEFAULT = "nchw"
+_BINARY = frozenset({"relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum",
+                     "relax.minimum", "relax.power"})
+
+
+def check_layout(layout: str, target: Any = None) -> str:
+    """The layout, or a UsageError naming the problem: an unknown layout, or one the target cannot use."""
+    if layout not in LAYOUTS:
+        raise UsageError(f"--layout {layout}: expected one of {', '.join(LAYOUTS)}")
+    if layout == "nchwc" and target is not None and target.kind.name != "llvm":
+        raise UsageError(f"--layout nchwc: the blocked layout is for CPUs (llvm targets), not {target.kind.name}")
+    return layout
+
+
+def vector_lanes(target: Any) -> int:
+    """fp32 lanes of the target's widest vector: 16 with AVX-512, 8 with AVX2/AVX, else 4."""
+    from tvm.target import codegen
+
+    features = codegen.llvm_get_cpu_features(target)
+    return 16 if "avx512f" in features else 8 if ("avx2" in features or "avx" in features) else 4
+
+
+def layout_passes(layout: str, target: Any) -> list:
+    """The passes that put a network's convs in ``layout`` (none for ``nchw``); they run before legalization."""
+    from tvm import relax
+
+    check_layout(layout, target)
+    if layout == "nchw":
+        return []
+    if layout == "nhwc":
+        desired = {"relax.nn.conv2d": ["NHWC", "OHWI"]}
+    else:
+        lanes = vector_lanes(target)
+        desired = {"relax.nn.conv2d": [f"NCHW{lanes}c", f"OIHW{lanes}i{lanes}o"]}
+    return [_full_rank_broadcasts(), relax.transform.ConvertLayout(desired)]
+
+
+def legalize_conv2d(bb: Any, call: Any) -> Any:
+    """relax.nn.conv2d to TE: the blocked layouts to TOPI's NCHWc convs (relax's own legalization refuses
+    5-D layouts), every other layout as relax does it."""
+    from tvm import topi
+    from tvm.relax.transform.legalize_ops.nn import _nn_conv2d
+
+    attrs = call.attrs
+    blocked = re.fullmatch(r"NCHW(\d+)c", str(attrs.data_layout))
+    if not blocked:
+        return _nn_conv2d(bb, call)
+    out_dtype = str(attrs.out_dtype)
+    if out_dtype in ("", "None", "void"):  # unset: the input's
+        out_dtype = str(call.args[0].ty.dtype)
+    groups = int(attrs.groups)
+    if groups == 1:
+        return bb.call_te(topi.nn.conv2d_NCHWc, call.args[0], call.args[1], attrs.strides, attrs.padding,
+                          attrs.dilation, str(attrs.data_layout), str(attrs.out_layout), out_dtype,
+                          primfunc_name_hint="conv2d_NCHWc")
+    return call  # grouped blocked convs are kept out of the conversion (see _full_rank_broadcasts' pass)
+
+
+def legalize_map() -> dict[str, Any]:
+    """LegalizeOps' customizations: what ``fusion_passes`` legalizes differently from relax."""
+    return {"relax.nn.conv2d": legalize_conv2d}
+
+
+def _full_rank_broadcasts() -> Any:
+    """A pass giving the lower-rank operand of an elementwise binary op the other's rank (a (C, 1, 1) bias
+    becomes (1, C, 1, 1)), so that ConvertLayout can carry the op into a conv's layout."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.expr_functor import PyExprMutator, mutator
+
+    @mutator
+    class FullRank(PyExprMutator):
+        def visit_call_(self, call: Any) -> Any:
+            call = super().visit_call_(call)
+            if getattr(call.op, "name", None) not in _BINARY or len(call.args) != 2:
+                return call
+            a, b = call.args
+            ranks = [getattr(x.ty, "ndim", -1) for x in (a, b)]
+            if min(ranks) <= 0 or ranks[0] == ranks[1]:
+                return call
+            full = max(ranks)
+
+            def widened(x: Any, rank: int) -> Any:
+                return x if rank == full else self.builder_.emit(
+                    relax.op.reshape(x, [1] * (full - rank) + list(x.ty.shape)))
+
+            a, b = widened(a, ranks[0]), widened(b, ranks[1])
+            return relax.Call(call.op, [a, b], call.attrs, call.ty_args)
+
+    @tvm.transform.module_pass(opt_level=0, name="FullRankBroadcasts")
+    def full_rank(mod: Any, _context: Any) -> Any:
+        out = mod.clone()
+        for gv, func in mod.functions.items():
+            if isinstance(func, relax.Function):
+                out[gv] = FullRank().visit_expr(func)
+        return out
+
+    return full_rank
