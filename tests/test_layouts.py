@@ -46,3 +46,34 @@ def test_bad_layouts_are_one_line_errors(cnn):
     assert_one_line_exit_2(run_cli("tasks", "--model", cnn, "--layout", "nchwc", "--target", "cuda"),
                            "--layout nchwc", "cuda")
     assert_one_line_exit_2(run_cli("tasks", "--model", "op:matmul-64", "--layout", "nhwc"), "single operator")
+
+
+def test_register_tiles_fit_the_vector_registers():
+    from tunecore.blocked_conv import register_tiles
+
+    avx512 = register_tiles(16, 4, 56)  # 32 registers: up to 28 accumulators
+    assert (4, 7) in avx512 and (2, 14) in avx512 and (4, 8) not in avx512
+    assert all(4 % fc == 0 and 56 % ow == 0 and 4 <= fc * ow <= 28 for fc, ow in avx512)
+    avx2 = register_tiles(8, 8, 28)  # 16 registers: up to 12
+    assert (4, 2) in avx2 and (2, 4) in avx2 and (4, 4) not in avx2
+
+
+def test_the_blocked_conv_space_reaches_register_tiled_kernels_beside_multi_level_tiling(cnn):
+    from tunecore.blocked_conv import register_tiles
+    from tunecore.layouts import vector_lanes
+    from tunecore.space import DesignSpace
+    from tunecore.targets import host_target
+    from tunecore.workloads import extract_tasks, load_workload
+
+    target = host_target()
+    task = next(t for t in extract_tasks(load_workload(cnn, layout="nchwc"), target) if "add1_relu1" in t.name
+                and "NCHWc" in t.name)  # the 16 -> 32 channel 3x3 conv, 16x16 output
+    lanes = vector_lanes(target)
+    tiles = register_tiles(lanes, 32 // lanes, 16)
+    space = DesignSpace(task, seed=0)
+    # two loop orders per tile, then MetaSchedule's own sketches (multi-level tiling gives several)
+    assert tiles and len(space.sketches) > 2 * len(tiles)
+    for index in range(len(space.sketches)):
+        assert space.sample(index) is not None
+    text = space.sample(0).mod.script()
+    assert f"T.vectorized(T.int64({lanes}))" in text and f"T.unroll(T.int64({lanes}))" in text

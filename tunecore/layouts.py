@@ -60,24 +60,21 @@ def layout_passes(layout: str, target: Any) -> list:
 
 
 def legalize_conv2d(bb: Any, call: Any) -> Any:
-    """relax.nn.conv2d to TE: the blocked layouts to TOPI's NCHWc convs (relax's own legalization refuses
-    5-D layouts), every other layout as relax does it."""
-    from tvm import topi
+    """relax.nn.conv2d to TE: the blocked layout to tunecore's blocked conv (tunecore.blocked_conv; relax's own
+    legalization refuses 5-D layouts), every other layout as relax does it."""
     from tvm.relax.transform.legalize_ops.nn import _nn_conv2d
+
+    from tunecore.blocked_conv import BLOCK, conv2d_nchwc
 
     attrs = call.attrs
     blocked = re.fullmatch(r"NCHW(\d+)c", str(attrs.data_layout))
-    if not blocked:
-        return _nn_conv2d(bb, call)
+    if not blocked or str(attrs.out_layout) != str(attrs.data_layout) or int(attrs.groups) != 1:
+        return _nn_conv2d(bb, call)  # relax's (it refuses blocked layouts; ConvertLayout makes none of those)
     out_dtype = str(attrs.out_dtype)
     if out_dtype in ("", "None", "void"):  # unset: the input's
         out_dtype = str(call.args[0].ty.dtype)
-    groups = int(attrs.groups)
-    if groups == 1:
-        return bb.call_te(topi.nn.conv2d_NCHWc, call.args[0], call.args[1], attrs.strides, attrs.padding,
-                          attrs.dilation, str(attrs.data_layout), str(attrs.out_layout), out_dtype,
-                          primfunc_name_hint="conv2d_NCHWc")
-    return call  # grouped blocked convs are kept out of the conversion (see _full_rank_broadcasts' pass)
+    return bb.call_te(conv2d_nchwc, call.args[0], call.args[1], attrs.strides, attrs.padding, attrs.dilation,
+                      out_dtype, primfunc_name_hint=BLOCK)
 
 
 def legalize_map() -> dict[str, Any]:

@@ -23,8 +23,11 @@ class DesignSpace:
     def __init__(self, task: Task, seed: int = 0, space: str = "post-order-apply"):
         from tvm.s_tir import meta_schedule as ms
 
+        from tunecore.blocked_conv import register_rule
+
         self.task = task
         load_tensor_intrinsics(task.target)
+        register_rule()
         self.context = ms.TuneContext(
             mod=task.mod,
             target=task.target,
