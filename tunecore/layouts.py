@@ -36,6 +36,12 @@ def check_layout(layout: str, target: Any = None) -> str:
     return layout
 
 
+def tuned_layout(store: Any, model: str) -> str | None:
+    """The layout ``model`` was last tuned in, by the runs a record store holds; None if it holds none."""
+    runs = [run for run in store.runs() if run["info"].get("model") == model]
+    return runs[-1]["info"].get("layout", DEFAULT) if runs else None
+
+
 def vector_lanes(target: Any) -> int:
     """fp32 lanes of the target's widest vector: 16 with AVX-512, 8 with AVX2/AVX, else 4."""
     from tvm.target import codegen
