@@ -70,21 +70,25 @@ def export_onnx(model: Any, example: Any, path: str) -> None:
 
 
 def tune(onnx_path: str, store: str, search: str, cost_model: str, trials: int | None, seconds: float | None,
-         done_path: str) -> dict:
-    return experiments.cached_run(done_path, f"{onnx_path} {search} {cost_model} {trials} {seconds}",
+         done_path: str, layout: str) -> dict:
+    key = f"{onnx_path} {search} {cost_model} {trials} {seconds}" + (f" {layout}" if layout != "nchw" else "")
+    return experiments.cached_run(done_path, key,
                                   lambda: experiments.run_tunecore(onnx_path, trials, 0, search=search,
                                                                    cost_model=cost_model, store=f"sqlite:{store}",
-                                                                   time_budget=seconds, resume=True))
+                                                                   time_budget=seconds, resume=True,
+                                                                   extra_args=["--layout", layout]))
 
 
-def tune_metaschedule(onnx_path: str, work_dir: str, seconds: float, trials_per_iter: int, done_path: str) -> dict:
-    key = f"{onnx_path} metaschedule {seconds}" + (f" {trials_per_iter}/iter" if trials_per_iter != 64 else "")
+def tune_metaschedule(onnx_path: str, work_dir: str, seconds: float, trials_per_iter: int, done_path: str,
+                      layout: str) -> dict:
+    key = f"{onnx_path} metaschedule {seconds}" + (f" {trials_per_iter}/iter" if trials_per_iter != 64 else "") + (
+        f" {layout}" if layout != "nchw" else "")
     return experiments.cached_run(done_path, key, lambda: experiments.run_metaschedule_for(
-        onnx_path, seconds, 0, work_dir, trials_per_iter))
+        onnx_path, seconds, 0, work_dir, trials_per_iter, layout))
 
 
 def variants(name: str, model: Any, x: np.ndarray, onnx_path: str, store: str, ms_work_dir: str | None,
-             threads: int) -> dict[str, Callable]:
+             threads: int, layout: str) -> dict[str, Callable]:
     """name -> a function running one inference and returning the output as numpy (or raising)."""
     import onnxruntime as ort
     import torch
@@ -122,7 +126,7 @@ def variants(name: str, model: Any, x: np.ndarray, onnx_path: str, store: str, m
     out["onnxruntime"] = lambda: session.run(None, {"input": x})[0]
 
     target = resolve_target("llvm")
-    workload = load_workload(onnx_path)
+    workload = load_workload(onnx_path, layout=layout)
     builds = {"tvm untuned": lambda: (build(workload, target, ms.database.MemoryDatabase()), None),
               "tvm tuned by tunecore": lambda: experiments.build_from_store(workload, extract_tasks(workload, target),
                                                                             target, store)}
@@ -176,6 +180,7 @@ def main() -> None:
     parser.add_argument("--ms-trials-per-iter", type=int, default=64, metavar="N",
                         help="MetaSchedule's candidates per task per iteration (default: its own, 64); it commits a "
                              "task's results only when it comes back to the task, so short budgets need fewer")
+    parser.add_argument("--layout", default="nchw", help="the layout both tuners tune and build the CNNs in")
     parser.add_argument("--passes", type=int, default=5)
     parser.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "tunecore-bench-e2e"))
     args = parser.parse_args()
@@ -204,30 +209,32 @@ def main() -> None:
         model, x = network(name)
         onnx_path = os.path.join(args.work, f"{name}.onnx")
         export_onnx(model, torch.from_numpy(x), onnx_path)
+        layout = args.layout if name != "bert-base" else "nchw"  # bert has no conv
         label = f"{name}-{args.search}-{args.cost_model}-{args.time_budget:g}s" + (
-            f"-{args.trials}" if args.trials else "")
+            f"-{args.trials}" if args.trials else "") + (f"-{layout}" if layout != "nchw" else "")
         store = os.path.join(args.work, f"{label}.db")
         ms_work_dir = os.path.join(args.work, f"{name}-metaschedule-{args.time_budget:g}s" + (
-            f"-{args.ms_trials_per_iter}" if args.ms_trials_per_iter != 64 else ""))
+            f"-{args.ms_trials_per_iter}" if args.ms_trials_per_iter != 64 else "") + (
+            f"-{layout}" if layout != "nchw" else ""))
         tuning = {}
         if "tunecore" in tuners:
             tuning["tunecore"] = tune(onnx_path, store, args.search, args.cost_model, args.trials, args.time_budget,
-                                      done_path)
+                                      done_path, layout)
         if "metaschedule" in tuners:
             tuning["MetaSchedule"] = tune_metaschedule(onnx_path, ms_work_dir, args.time_budget,
-                                                       args.ms_trials_per_iter, done_path)
+                                                       args.ms_trials_per_iter, done_path, layout)
         functions = variants(name, model, x, onnx_path, store, ms_work_dir if "metaschedule" in tuners else None,
-                             threads)
+                             threads, layout)
         with torch.inference_mode():
             reference = model(torch.from_numpy(x)).numpy()
         print(f"timing {name} ...", file=sys.stderr, flush=True)
         networks[name] = {"tuning": tuning, "variants": check_and_time(functions, reference, args.passes)}
         del functions
         if "tunecore" in tuners:
-            networks[name]["gap"] = e2e_gap.analyse(onnx_path, store, runs=10)
+            networks[name]["gap"] = e2e_gap.analyse(onnx_path, store, runs=10, layout=layout)
 
     report = {"benchmark": "e2e", "search": args.search, "cost_model": args.cost_model, "trials": args.trials,
-              "time_budget_s": args.time_budget, "ms_trials_per_iter": args.ms_trials_per_iter,
+              "time_budget_s": args.time_budget, "ms_trials_per_iter": args.ms_trials_per_iter, "layout": args.layout,
               "threads": threads, "passes": args.passes, "networks": networks, "environment": environment(),
               "versions": _versions(), "command": command_line("e2e.py")}
     write_results(args.out, "e2e", report, markdown(report))
@@ -268,6 +275,8 @@ def markdown(report: dict) -> str:
              f"`--search {report['search']} --cost-model {report['cost_model']} "
              f"--time-budget {report['time_budget_s']:g}`"
              + (f" `--trials {report['trials']}`" if report["trials"] else "")
+             + (f", the CNNs' convs in layout `{report['layout']}` for both tuners"
+                if report.get("layout", "nchw") != "nchw" else "")
              + f"; MetaSchedule's `tune_relax` (evolutionary, xgb, {report.get('ms_trials_per_iter', 64)} per "
              "iteration, builder timeout "
              f"{experiments.BUILDER_TIMEOUT_S} s) on the same tasks, stopped at {budget}. Both built as `tunecore "

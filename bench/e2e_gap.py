@@ -155,7 +155,7 @@ def _group() -> dict:
     return {"tvm_kernels": [], "ort_nodes": [], "in_model_ms": 0.0, "alone_ms": 0.0, "calls": 0, "ort_ms": 0.0}
 
 
-def analyse(onnx_path: str, store_file: str, runs: int) -> dict:
+def analyse(onnx_path: str, store_file: str, runs: int, layout: str = "nchw") -> dict:
     import tvm
 
     from tunecore.check import max_relative_error
@@ -166,7 +166,7 @@ def analyse(onnx_path: str, store_file: str, runs: int) -> dict:
 
     target = resolve_target("llvm")
     threads = use_target_threads(target)
-    workload = load_workload(onnx_path)
+    workload = load_workload(onnx_path, layout=layout)
     tasks = extract_tasks(workload, target)
     store = SqliteStore(store_file)
     try:

@@ -84,7 +84,8 @@ def run_metaschedule(model: str, trials: int, seed: int, work_dir: str, *, strat
     return {"wall_s": wall, **json.loads(out.strip().splitlines()[-1]), "work_dir": work_dir}
 
 
-def run_metaschedule_for(model: str, seconds: float, seed: int, work_dir: str, trials_per_iter: int = 64) -> dict:
+def run_metaschedule_for(model: str, seconds: float, seed: int, work_dir: str, trials_per_iter: int = 64,
+                         layout: str = "nchw") -> dict:
     """MetaSchedule tuning a network (``tune_relax``) for ``seconds`` of wall time, in a child process that is
     stopped then: its JSON database keeps every record committed so far. Resumable: the seconds of earlier
     attempts are kept in ``work_dir`` and count.
@@ -102,7 +103,7 @@ def run_metaschedule_for(model: str, seconds: float, seed: int, work_dir: str, t
         with open(os.path.join(work_dir, "child.log"), "a") as log:
             child = subprocess.Popen([sys.executable, "-m", "tunecore.experiments", "--_metaschedule", model,
                                       str(10**6), str(seed), work_dir, "evolutionary", str(BUILDER_TIMEOUT_S),
-                                      str(trials_per_iter)],
+                                      str(trials_per_iter), layout],
                                      stdout=log, stderr=log, preexec_fn=_own_group_dying_with_parent)
             while child.poll() is None and time.perf_counter() - started < seconds - spent:
                 time.sleep(min(10.0, max(0.1, seconds - spent - (time.perf_counter() - started))))
@@ -132,23 +133,23 @@ def _own_group_dying_with_parent() -> None:
 
 
 def _metaschedule_child(model: str, trials: int, seed: int, work_dir: str, strategy: str,
-                        builder_timeout: float, trials_per_iter: int = 64) -> None:
+                        builder_timeout: float, trials_per_iter: int = 64, layout: str = "nchw") -> None:
     """Tune with MetaSchedule (a network: ``tune_relax`` on the tasks tunecore extracts, fused and marked the
     same way); print a JSON line with what got measured (best = lowest mean, MetaSchedule's ranking)."""
     import numpy as np
     from tvm.s_tir import meta_schedule as ms
 
     from tunecore.targets import resolve_target, use_target_threads
-    from tunecore.workloads import fuse, load_workload
+    from tunecore.workloads import load_workload, tuning_module
 
     target = resolve_target("llvm")
     use_target_threads(target)  # LocalRunner's workers inherit it; else TVM runs kernels on half the cores
     builder = ms.builder.LocalBuilder(timeout_sec=builder_timeout) if builder_timeout else "local"
-    workload = load_workload(model)
+    workload = load_workload(model, layout=layout if layout != "nchw" else None)
     common = dict(num_trials_per_iter=trials_per_iter, strategy=strategy, cost_model="xgb", builder=builder,
                   seed=seed)
     if workload.is_network:
-        db = ms.relax_integration.tune_relax(fuse(workload.mod, target), {}, target, work_dir,
+        db = ms.relax_integration.tune_relax(tuning_module(workload, target), {}, target, work_dir,
                                              max_trials_global=trials, **common)
     else:
         db = ms.tune_tir(workload.mod, target, work_dir, max_trials_global=trials, **common)
@@ -355,4 +356,5 @@ def write_results(out_dir: str, name: str, report: dict, markdown: str) -> None:
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--_metaschedule"]:
     model, trials, seed, work_dir, strategy, timeout = sys.argv[2:8]
-    _metaschedule_child(model, int(trials), int(seed), work_dir, strategy, float(timeout), *map(int, sys.argv[8:9]))
+    _metaschedule_child(model, int(trials), int(seed), work_dir, strategy, float(timeout), *map(int, sys.argv[8:9]),
+                        *sys.argv[9:10])

@@ -180,6 +180,12 @@ def fuse(mod: Any, target: Any, layout: str = "nchw") -> Any:
         return tvm.transform.Sequential(fusion_passes(target, layout))(mod)
 
 
+def tuning_module(workload: Workload, target: Any) -> Any:
+    """A network's fused module whose TIR functions are its tasks (also what MetaSchedule's own tuning gets)."""
+    fused = fuse(workload.mod, target, workload.layout)
+    return fused if workload.layout == "nchw" else _without_weight_transforms(fused)
+
+
 def _without_weight_transforms(mod: Any) -> Any:
     """The module without the kernels that only transform weights (a converted layout's weight transforms):
     the build lifts them into ``main_transform_params``, which runs once, so they are not worth tuning."""
@@ -207,10 +213,7 @@ def extract_tasks(workload: Workload, target: Any) -> list[Task]:
 
     check_layout(workload.layout, target)
     try:
-        fused = fuse(workload.mod, target, workload.layout)
-        if workload.layout != "nchw":
-            fused = _without_weight_transforms(fused)
-        extracted = ms.relax_integration.extract_tasks(fused, target)
+        extracted = ms.relax_integration.extract_tasks(tuning_module(workload, target), target)
     except Exception as error:  # TVM cannot lower this model: the user's model, the user's problem
         raise UsageError(f"--model {workload.name}: TVM cannot legalize/fuse it: "
                          f"{str(error).splitlines()[0][:300]}") from None
