@@ -27,22 +27,18 @@ from typing import Any
 
 RULE = "tunecore.conv2d_nchwc"
 BLOCK = "conv2d_NCHWc"
+DEPTHWISE_BLOCK = "depthwise_conv2d_NCHWc"
 _MAX_FC, _MAX_OW = 8, 14
 
 
 def conv2d_nchwc(data: Any, weight: Any, strides: Any, padding: Any, dilation: Any, out_dtype: str) -> Any:
     """TE compute of a blocked conv; ``padding`` is (top, left, bottom, right) as relax gives it."""
-    from tvm import te, topi
+    from tvm import te
 
-    _, ic_chunks, height, width, ic_block = (int(x) for x in data.shape)
+    _, ic_chunks, _, _, ic_block = (int(x) for x in data.shape)
     oc_chunks, _, kernel_h, kernel_w, _, oc_block = (int(x) for x in weight.shape)
-    stride_h, stride_w = (int(x) for x in strides)
-    dilation_h, dilation_w = (int(x) for x in dilation)
-    top, left, bottom, right = (int(x) for x in padding)
-    out_h = (height + top + bottom - dilation_h * (kernel_h - 1) - 1) // stride_h + 1
-    out_w = (width + left + right - dilation_w * (kernel_w - 1) - 1) // stride_w + 1
-    padded = topi.nn.pad(data, [0, 0, top, left, 0], [0, 0, bottom, right, 0]) if top + left + bottom + right \
-        else data
+    padded, (out_h, out_w), (stride_h, stride_w), (dilation_h, dilation_w) = _padded(
+        data, (kernel_h, kernel_w), strides, padding, dilation)
     ico = te.reduce_axis((0, ic_chunks), name="ic_outer")
     kh = te.reduce_axis((0, kernel_h), name="kh")
     kw = te.reduce_axis((0, kernel_w), name="kw")
@@ -53,6 +49,39 @@ def conv2d_nchwc(data: Any, weight: Any, strides: Any, padding: Any, dilation: A
             padded[n, ico, y * stride_h + kh * dilation_h, x * stride_w + kw * dilation_w, ici].astype(out_dtype)
             * weight[oc, ico, kh, kw, ici, ob].astype(out_dtype), axis=[ico, kh, kw, ici]),
         name=BLOCK, attrs={"schedule_rule": RULE})
+
+
+def depthwise_conv2d_nchwc(data: Any, weight: Any, strides: Any, padding: Any, dilation: Any, out_dtype: str) -> Any:
+    """TE compute of a blocked depthwise conv: one filter per channel, weights (C / B, 1, kh, kw, B)."""
+    from tvm import te
+
+    _, chunks, height, width, block = (int(x) for x in data.shape)
+    _, _, kernel_h, kernel_w, _ = (int(x) for x in weight.shape)
+    padded, (out_h, out_w), (stride_h, stride_w), (dilation_h, dilation_w) = _padded(
+        data, (kernel_h, kernel_w), strides, padding, dilation)
+    kh = te.reduce_axis((0, kernel_h), name="kh")
+    kw = te.reduce_axis((0, kernel_w), name="kw")
+    return te.compute(
+        (int(data.shape[0]), chunks, out_h, out_w, block),
+        lambda n, c, y, x, b: te.sum(
+            padded[n, c, y * stride_h + kh * dilation_h, x * stride_w + kw * dilation_w, b].astype(out_dtype)
+            * weight[c, 0, kh, kw, b].astype(out_dtype), axis=[kh, kw]),
+        name=DEPTHWISE_BLOCK)
+
+
+def _padded(data: Any, kernel: tuple[int, int], strides: Any, padding: Any, dilation: Any) -> tuple:
+    """The padded blocked input, the output's height and width, strides and dilation as ints."""
+    from tvm import topi
+
+    _, _, height, width, _ = (int(x) for x in data.shape)
+    stride = tuple(int(x) for x in strides)
+    dilations = tuple(int(x) for x in dilation)
+    top, left, bottom, right = (int(x) for x in padding)
+    out_h = (height + top + bottom - dilations[0] * (kernel[0] - 1) - 1) // stride[0] + 1
+    out_w = (width + left + right - dilations[1] * (kernel[1] - 1) - 1) // stride[1] + 1
+    padded = topi.nn.pad(data, [0, 0, top, left, 0], [0, 0, bottom, right, 0]) if top + left + bottom + right \
+        else data
+    return padded, (out_h, out_w), stride, dilations
 
 
 def register_rule() -> None:

@@ -59,28 +59,48 @@ def layout_passes(layout: str, target: Any) -> list:
         return []
     if layout == "nhwc":
         desired = {"relax.nn.conv2d": ["NHWC", "OHWI"]}
-    else:
+    else:  # weights blocked by output channel only, so that depthwise convs (one input channel) convert too
         lanes = vector_lanes(target)
-        desired = {"relax.nn.conv2d": [f"NCHW{lanes}c", f"OIHW{lanes}i{lanes}o"]}
+        desired = {"relax.nn.conv2d": [f"NCHW{lanes}c", f"OIHW{lanes}o"]}
     return [_full_rank_broadcasts(), relax.transform.ConvertLayout(desired)]
 
 
 def legalize_conv2d(bb: Any, call: Any) -> Any:
-    """relax.nn.conv2d to TE: the blocked layout to tunecore's blocked conv (tunecore.blocked_conv; relax's own
-    legalization refuses 5-D layouts), every other layout as relax does it."""
+    """relax.nn.conv2d to TE: the blocked layout to tunecore's blocked convs (tunecore.blocked_conv; relax's own
+    legalization refuses 5-D layouts), every other layout as relax does it.
+
+    A blocked conv's weights (OIHW{B}o) are blocked by input channel too (OIHW{B}i{B}o, the order its kernel
+    reads them) by a transform of the weights alone, which the build runs once. A grouped conv that is not
+    depthwise is computed in NCHW between transforms.
+    """
+    from tvm import relax, topi
     from tvm.relax.transform.legalize_ops.nn import _nn_conv2d
 
-    from tunecore.blocked_conv import BLOCK, conv2d_nchwc
+    from tunecore.blocked_conv import BLOCK, DEPTHWISE_BLOCK, conv2d_nchwc, depthwise_conv2d_nchwc
 
     attrs = call.attrs
     blocked = re.fullmatch(r"NCHW(\d+)c", str(attrs.data_layout))
-    if not blocked or str(attrs.out_layout) != str(attrs.data_layout) or int(attrs.groups) != 1:
-        return _nn_conv2d(bb, call)  # relax's (it refuses blocked layouts; ConvertLayout makes none of those)
+    if not blocked or str(attrs.out_layout) != str(attrs.data_layout):
+        return _nn_conv2d(bb, call)  # relax's (ConvertLayout makes no blocked conv with another output layout)
+    lanes, groups = int(blocked.group(1)), int(attrs.groups)
+    data, weight = call.args
     out_dtype = str(attrs.out_dtype)
     if out_dtype in ("", "None", "void"):  # unset: the input's
-        out_dtype = str(call.args[0].ty.dtype)
-    return bb.call_te(conv2d_nchwc, call.args[0], call.args[1], attrs.strides, attrs.padding, attrs.dilation,
-                      out_dtype, primfunc_name_hint=BLOCK)
+        out_dtype = str(data.ty.dtype)
+    channels = int(data.ty.shape[1]) * lanes
+    kernel_layout = str(attrs.kernel_layout)
+    if groups == 1:
+        weight = bb.emit_te(topi.layout_transform, weight, kernel_layout, f"OIHW{lanes}i{lanes}o")
+        return bb.call_te(conv2d_nchwc, data, weight, attrs.strides, attrs.padding, attrs.dilation, out_dtype,
+                          primfunc_name_hint=BLOCK)
+    if groups == channels and int(weight.ty.shape[0]) * lanes == channels:  # depthwise, one filter per channel
+        return bb.call_te(depthwise_conv2d_nchwc, data, weight, attrs.strides, attrs.padding, attrs.dilation,
+                          out_dtype, primfunc_name_hint=DEPTHWISE_BLOCK)
+    plain = bb.emit_te(topi.layout_transform, data, str(attrs.data_layout), "NCHW")
+    plain_weight = bb.emit_te(topi.layout_transform, weight, kernel_layout, "OIHW")
+    out = bb.emit(_nn_conv2d(bb, relax.op.nn.conv2d(plain, plain_weight, attrs.strides, attrs.padding,
+                                                     attrs.dilation, groups, out_dtype=out_dtype)))
+    return bb.call_te(topi.layout_transform, out, "NCHW", str(attrs.data_layout))
 
 
 def legalize_map() -> dict[str, Any]:
@@ -90,15 +110,28 @@ def legalize_map() -> dict[str, Any]:
 
 def _full_rank_broadcasts() -> Any:
     """A pass giving the lower-rank operand of an elementwise binary op the other's rank (a (C, 1, 1) bias
-    becomes (1, C, 1, 1)), so that ConvertLayout can carry the op into a conv's layout."""
+    becomes (1, C, 1, 1)), and spelling clip (relu6) as maximum and minimum, so that ConvertLayout can carry
+    these ops into a conv's layout."""
     import tvm
     from tvm import relax
     from tvm.relax.expr_functor import PyExprMutator, mutator
 
     @mutator
     class FullRank(PyExprMutator):
+        def __init__(self, mod: Any) -> None:
+            super().__init__(mod)
+            self.module = mod
+
         def visit_call_(self, call: Any) -> Any:
             call = super().visit_call_(call)
+            if getattr(call.op, "name", None) == "relax.call_tir":
+                replaced = _as_relax_op(self.module, call)
+                return call if replaced is None else replaced
+            if getattr(call.op, "name", None) == "relax.clip":  # no layout inference: as maximum and minimum
+                x, low, high = call.args
+                dtype = str(x.ty.dtype)
+                low = self.builder_.emit(relax.op.maximum(x, relax.const(float(low.value), dtype)))
+                return relax.op.minimum(low, relax.const(float(high.value), dtype))
             if getattr(call.op, "name", None) not in _BINARY or len(call.args) != 2:
                 return call
             a, b = call.args
@@ -119,7 +152,28 @@ def _full_rank_broadcasts() -> Any:
         out = mod.clone()
         for gv, func in mod.functions.items():
             if isinstance(func, relax.Function):
-                out[gv] = FullRank().visit_expr(func)
-        return out
+                out[gv] = FullRank(mod).visit_expr(func)
+        return relax.transform.DeadCodeElimination()(out)
 
     return full_rank
+
+
+def _as_relax_op(mod: Any, call: Any) -> Any:
+    """A call_tir of an elementwise maximum or minimum with a scalar tensor (how relax's ONNX importer writes
+    Clip) as the relax op, which ConvertLayout can carry into a conv's layout; None for any other call."""
+    import tvm_ffi
+    from tvm import relax, te, topi
+
+    callee, args = call.args[0], call.args[1]
+    if not isinstance(args, relax.Tuple) or len(args.fields) != 2 or not isinstance(callee, relax.GlobalVar):
+        return None
+    x, bound = args.fields
+    if getattr(bound.ty, "ndim", -1) != 0 or getattr(x.ty, "ndim", -1) <= 0 or x.ty.shape is None:
+        return None
+    for compute, op in ((topi.maximum, relax.op.maximum), (topi.minimum, relax.op.minimum)):
+        a = te.placeholder(list(x.ty.shape), str(x.ty.dtype), "a")
+        b = te.placeholder((), str(bound.ty.dtype), "b")
+        expected = te.create_prim_func([a, b, compute(a, b)]).without_attr("global_symbol")
+        if tvm_ffi.structural_equal(mod[callee], expected):
+            return op(x, bound)
+    return None
