@@ -79,3 +79,19 @@ def test_the_blocked_conv_space_reaches_register_tiled_kernels_beside_multi_leve
         assert space.sample(index) is not None
     text = space.sample(0).mod.script()
     assert f"T.vectorized(T.int64({lanes}))" in text and f"T.unroll(T.int64({lanes}))" in text
+
+
+def test_auto_probes_every_layout_keeps_the_fastest_build_and_compile_follows_it(cnn, tmp_path):
+    from tunecore.layouts import LAYOUTS
+
+    store = str(tmp_path / "s.db")
+    run = cli_json(run_cli("run", "--model", cnn, "--layout", "auto", "--trials", "60", "--search", "random",
+                           "--store", store, "--json"))
+    choice = run["layout_choice"]
+    assert set(choice["probes"]) == set(LAYOUTS) and choice["layout"] in LAYOUTS
+    assert all(p["latency_ms"] > 0 and p["tasks_tuned"] == p["tasks"] for p in choice["probes"].values())
+    assert choice["probes"][choice["layout"]]["latency_ms"] == min(p["latency_ms"] for p in choice["probes"].values())
+    report = cli_json(run_cli("compile", "--model", cnn, "--store", store, "--json"))
+    assert report["layout"] == choice["layout"] and report["outputs_match"]
+    assert_one_line_exit_2(run_cli("run", "--model", "op:matmul-64", "--layout", "auto", "--trials", "4",
+                                   "--store", "memory:"), "single operator")

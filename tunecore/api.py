@@ -124,7 +124,6 @@ def tune(
     """
     from tunecore.targets import resolve_target
     from tunecore.tuner import Tuner
-    from tunecore.tvmjson import target_to_json
     from tunecore.workloads import extract_tasks, load_workload
 
     if isinstance(config, str):
@@ -140,17 +139,83 @@ def tune(
     tvm_target = resolve_target(config.target)
     registry = Registry.shared()
     with components(tvm_target, config, registry) as (search, cost_model, store, measurer):
-        workload = load_workload(config.model, config.input_shapes, config.layout)
+        def tuner() -> Tuner:
+            return Tuner(search=search, cost_model=cost_model, store=store, measurer=measurer, seed=config.seed,
+                         scheduler=config.scheduler, round_size=config.round_size, plugin_manager=registry.pm,
+                         on_round=on_round)
+
+        choice = None
+        if config.layout == AUTO:
+            choice = _choose_layout(config, tvm_target, tuner, store, search.name, on_tasks)
+        workload = load_workload(config.model, config.input_shapes, choice["layout"] if choice else config.layout)
         tasks = extract_tasks(workload, tvm_target)
         if on_tasks:
             on_tasks(tasks)
-        tuner = Tuner(search=search, cost_model=cost_model, store=store, measurer=measurer, seed=config.seed,
-                      scheduler=config.scheduler, round_size=config.round_size, plugin_manager=registry.pm,
-                      on_round=on_round)
-        info = {"model": workload.name, "layout": workload.layout, "target": target_to_json(tvm_target),
-                "search": search.name,
-                "cost_model": config.cost_model, "measurer": config.measurer, "store": config.store or DEFAULT_STORE,
-                "options": config.options}
-        if config.run_key is not None:
-            info["run_key"] = config.run_key
-        return tuner.tune(tasks, config.trials, info, time_budget=config.time_budget)
+        info = _run_info(config, workload, tvm_target, search.name)
+        if choice:
+            info["layout_choice"] = choice
+        summary = tuner().tune(tasks, config.trials, info, time_budget=config.time_budget)
+        if choice:
+            summary["layout_choice"] = choice  # type: ignore[typeddict-unknown-key]
+        return summary
+
+
+def _run_info(config: TuneConfig, workload: Any, target: Any, search_name: str) -> dict[str, Any]:
+    from tunecore.tvmjson import target_to_json
+
+    info = {"model": workload.name, "layout": workload.layout, "target": target_to_json(target), "search": search_name,
+            "cost_model": config.cost_model, "measurer": config.measurer, "store": config.store or DEFAULT_STORE,
+            "options": config.options}
+    if config.run_key is not None:
+        info["run_key"] = config.run_key
+    return info
+
+
+AUTO = "auto"
+PROBE_SHARE = 0.1  # of the budget, per layout, that ``--layout auto`` spends before it chooses
+
+
+def _choose_layout(config: TuneConfig, target: Any, tuner: Callable[[], Any], store: RecordStore,
+                   search_name: str, on_tasks: Callable | None) -> dict[str, Any]:
+    """``--layout auto``: tune the network a little in each layout the target can use (PROBE_SHARE of the budget
+    each, at least a round of four trials per task), build each with what was found and time the builds in
+    alternating passes; the fastest is the choice (what was measured is returned). A network whose tasks no
+    layout changes (no 2-D conv) is left as it is, unmeasured."""
+    import math
+
+    from tunecore.compile import Runnable, best_database, build, random_inputs
+    from tunecore.layouts import DEFAULT, LAYOUTS
+    from tunecore.targets import use_target_threads
+    from tunecore.workloads import extract_tasks, load_workload
+
+    candidates = [layout for layout in LAYOUTS if layout != "nchwc" or target.kind.name == "llvm"]
+    workloads = {layout: load_workload(config.model, config.input_shapes, layout) for layout in candidates}
+    if not workloads[DEFAULT].is_network:
+        raise UsageError(f"--layout auto: {config.model} is a single operator; layouts apply to networks")
+    tasks = {layout: extract_tasks(w, target) for layout, w in workloads.items()}
+    plain = {t.workload_hash for t in tasks[DEFAULT]}
+    if all({t.workload_hash for t in ts} == plain for ts in tasks.values()):
+        return {"layout": DEFAULT, "why": "no layout changes its tasks (no 2-D conv)"}
+    use_target_threads(target)
+    runnables, probes = {}, {}
+    for layout, workload in workloads.items():
+        # a round of the smallest size (4) on every task, so that no build is compared with an untuned kernel
+        least = 4 * len(tasks[layout])
+        share = None if config.trials is None else math.ceil(PROBE_SHARE * config.trials)
+        trials = least if share is None else min(config.trials, max(least, share))
+        seconds = None if config.time_budget is None else PROBE_SHARE * config.time_budget
+        info = _run_info(config, workload, target, search_name)
+        if on_tasks:
+            on_tasks(tasks[layout])
+        summary = tuner().tune(tasks[layout], trials, dict(info, layout_probe=True), time_budget=seconds)
+        database, covered = best_database(store, tasks[layout], target)
+        runnables[layout] = Runnable(build(workload, target, database), workload, target, random_inputs(workload))
+        probes[layout] = {"trials": summary["trials_total"], "tasks": len(tasks[layout]), "tasks_tuned": covered}
+    samples: dict[str, list[float]] = {layout: [] for layout in runnables}
+    for turn in range(5):  # alternating passes, so that the machine's drift falls on every layout alike
+        for layout in (list(runnables) if turn % 2 == 0 else list(runnables)[::-1]):
+            samples[layout].append(runnables[layout].time(1, min_repeat_ms=300))
+    for layout, times in samples.items():
+        probes[layout]["latency_ms"] = round(sorted(times)[len(times) // 2] * 1e3, 4)
+    chosen = min(probes, key=lambda layout: probes[layout]["latency_ms"])
+    return {"layout": chosen, "why": "fastest build after probing each layout", "probes": probes}

@@ -17,8 +17,9 @@ def add_common(p: argparse.ArgumentParser, *, model: bool = True, target: bool =
                             "symbolic batch dimensions default to 1")
         p.add_argument("--layout", default=None,
                        help="the layout a network's convs are tuned and compiled in: nchw (the model's own, default) "
-                            "| nhwc | nchwc (blocked, B = the CPU's vector lanes); `compile` without it uses the "
-                            "layout the model was last tuned in")
+                            "| nhwc | nchwc (blocked, B = the CPU's vector lanes); `run --layout auto` probes each and "
+                            "keeps the fastest build; `compile` without it uses the layout the model was last tuned "
+                            "in")
     if target:
         p.add_argument("--target", "-t", default="llvm",
                        help="llvm (this CPU, real mcpu) | cuda | a TVM JSON target dict (default: llvm)")

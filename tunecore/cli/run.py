@@ -88,6 +88,11 @@ def print_summary(summary: Any) -> None:
         )
     console = render.console()
     console.print(table)
+    choice = summary.get("layout_choice")
+    if choice:
+        measured = ", ".join(f"{layout} {p['latency_ms']:.4g} ms" for layout, p in choice.get("probes", {}).items())
+        console.print(f"layout {choice['layout']}: {choice['why']}" + (f" ({measured})" if measured else ""),
+                      markup=False)
     estimate = summary["estimated_latency_ms"]
     console.print(
         f"measured {summary['trials_measured']} candidates ({summary['errors']} failed) "
