@@ -52,6 +52,7 @@ def vector_lanes(target: Any) -> int:
 
 def layout_passes(layout: str, target: Any) -> list:
     """The passes that put a network's convs in ``layout`` (none for ``nchw``); they run before legalization."""
+    import tvm
     from tvm import relax
 
     check_layout(layout, target)
@@ -62,7 +63,28 @@ def layout_passes(layout: str, target: Any) -> list:
     else:  # weights blocked by output channel only, so that depthwise convs (one input channel) convert too
         lanes = vector_lanes(target)
         desired = {"relax.nn.conv2d": [f"NCHW{lanes}c", f"OIHW{lanes}o"]}
-    return [_full_rank_broadcasts(), relax.transform.ConvertLayout(desired)]
+    converted = tvm.transform.Sequential([_full_rank_broadcasts(), relax.transform.ConvertLayout(desired)])
+
+    @tvm.transform.module_pass(opt_level=0, name="ConvLayout")
+    def convert(mod: Any, _context: Any) -> Any:  # a network without a 2-D conv keeps its kernels as they are
+        return converted(mod) if _has_conv2d(mod) else mod
+
+    return [convert]
+
+
+def _has_conv2d(mod: Any) -> bool:
+    from tvm import relax
+
+    found = []
+
+    def visit(expr: Any) -> None:
+        if isinstance(expr, relax.Call) and getattr(expr.op, "name", None) == "relax.nn.conv2d":
+            found.append(expr)
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+    return bool(found)
 
 
 def legalize_conv2d(bb: Any, call: Any) -> Any:
