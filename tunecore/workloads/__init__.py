@@ -216,7 +216,7 @@ def extract_tasks(workload: Workload, target: Any) -> list[Task]:
         extracted = ms.relax_integration.extract_tasks(tuning_module(workload, target), target)
     except Exception as error:  # TVM cannot lower this model: the user's model, the user's problem
         raise UsageError(f"--model {workload.name}: TVM cannot legalize/fuse it: "
-                         f"{str(error).splitlines()[0][:300]}") from None
+                         f"{(str(error).splitlines() or [type(error).__name__])[0][:300]}") from None
     tasks = [
         make_task(t.dispatched[0], target, name=t.task_name, kernel_class=kernel_class_of(t.dispatched[0], t.task_name),
                   model=workload.name, weight=int(t.weight))
