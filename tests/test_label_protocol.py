@@ -42,12 +42,14 @@ class _Scripted:
 
 
 def test_a_noisy_program_is_measured_once_more_and_flagged_if_it_stays_noisy():
-    inner = _Scripted({"steady": [STEADY], "settles": [NOISY, STEADY], "stays": [NOISY, NOISY], "fails": [None]})
-    results = protocol.LabelMeasurer(inner, max_spread=0.02).measure(None, ["steady", "settles", "stays", "fails"])
-    assert inner.calls == [["steady", "settles", "stays", "fails"], ["settles", "stays"]]
-    assert [r.profile[protocol.ATTEMPTS] for r in results] == [1, 2, 2, 1]
-    assert [protocol.NOISY in r.profile for r in results] == [False, False, True, False]
-    assert results[1].run_secs == STEADY and results[3].error
+    inner = _Scripted({"steady": [STEADY], "settles": [NOISY, STEADY], "stays": [NOISY, NOISY], "fails": [None],
+                       "fails later": [NOISY, None]})
+    results = protocol.LabelMeasurer(inner, max_spread=0.02).measure(
+        None, ["steady", "settles", "stays", "fails", "fails later"])
+    assert inner.calls == [["steady", "settles", "stays", "fails", "fails later"], ["settles", "stays", "fails later"]]
+    assert [r.profile[protocol.ATTEMPTS] for r in results] == [1, 2, 2, 1, 2]
+    assert [protocol.NOISY in r.profile for r in results] == [False, False, True, False, True]
+    assert results[1].run_secs == STEADY and results[3].error and results[4].run_secs == NOISY
     assert all(r.profile[protocol.FOREIGN_LOAD] >= 0 for r in results)
     never_again = _Scripted({"stays": [NOISY]})
     assert protocol.LabelMeasurer(never_again, max_spread=0).measure(None, ["stays"])[0].profile[protocol.ATTEMPTS] == 1

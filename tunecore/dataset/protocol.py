@@ -95,6 +95,8 @@ class LabelMeasurer:
             noisy = [i for i, r in enumerate(results) if _too_spread(r, self.max_spread)]
             again = self.measurer.measure(task, [candidates[i] for i in noisy]) if noisy else []
             for i, result in zip(noisy, again):
+                if result.latency is None:  # failed the second time: the first timings stay, flagged
+                    result = results[i]
                 result.profile[ATTEMPTS] = 2.0
                 if _too_spread(result, self.max_spread):
                     result.profile[NOISY] = 1.0
