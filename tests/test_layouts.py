@@ -1,4 +1,5 @@
-"""Conv layouts (tunecore.layouts): every layout path computes what the model computes (values, not timings)."""
+"""Conv layouts (tunecore.layouts) and Winograd candidates (tunecore.winograd): every path computes what the model
+computes (values, not timings)."""
 
 import pytest
 
@@ -13,8 +14,8 @@ def cnn(tmp_path_factory):
     return str(path)
 
 
-def _task_names(cnn, layout):
-    return [t["name"] for t in cli_json(run_cli("tasks", "--model", cnn, "--layout", layout, "--json"))["tasks"]]
+def _task_names(cnn, layout, *more):
+    return [t["name"] for t in cli_json(run_cli("tasks", "--model", cnn, "--layout", layout, *more, "--json"))["tasks"]]
 
 
 def test_the_blocked_layout_gives_blocked_conv_tasks_and_no_weight_transforms(cnn):
@@ -95,3 +96,36 @@ def test_auto_probes_every_layout_keeps_the_fastest_build_and_compile_follows_it
     assert report["layout"] == choice["layout"] and report["outputs_match"]
     assert_one_line_exit_2(run_cli("run", "--model", "op:matmul-64", "--layout", "auto", "--trials", "4",
                                    "--store", "memory:"), "single operator")
+
+
+def test_winograd_kernels_are_tuned_beside_direct_ones_and_kept_only_where_they_measured_faster(cnn, tmp_path):
+    from tunecore.store.sqlite import SqliteStore
+    from tunecore.targets import host_target
+    from tunecore.winograd import choose, task_signature
+    from tunecore.workloads import extract_tasks, load_workload
+
+    names = _task_names(cnn, "nchw", "--winograd")
+    # the stem and the 16 -> 32 conv are 3x3 stride 1: each has a Winograd kernel beside its direct one
+    assert sum("winograd" in name for name in names) == 2 and len(names) == len(_task_names(cnn, "nchw")) + 2
+    store = str(tmp_path / "s.db")
+    cli_json(run_cli("run", "--model", cnn, "--winograd", "--trials", "48", "--search", "random", "--store", store,
+                     "--json"))
+    report = cli_json(run_cli("compile", "--model", cnn, "--store", store, "--json"))  # --winograd, as tuned
+    assert report["outputs_match"] and report["reference_relative_error"] < 1e-4
+    tasks = extract_tasks(load_workload(cnn, winograd=True), host_target())
+    opened = SqliteStore(store)
+    try:
+        latency = {t.task_id: opened.best(t.task_id, k=1)[0].latency for t in tasks if opened.best(t.task_id, k=1)}
+        assert report["winograd_convs"] == sorted(choose(opened, tasks))
+    finally:
+        opened.close()
+    by_conv: dict = {}
+    for task in tasks:
+        named = task_signature(task)
+        if named:
+            by_conv.setdefault(named[0], {})[named[1]] = latency.get(task.task_id)
+    assert len(by_conv) == 2
+    for signature, side in by_conv.items():  # Winograd kept only where its kernel measured faster than the direct one
+        faster = side[True] is not None and (side[False] is None or side[True] < side[False])
+        assert (signature in report["winograd_convs"]) == faster
+    assert_one_line_exit_2(run_cli("tasks", "--model", "op:matmul-64", "--winograd"), "--winograd", "single operator")

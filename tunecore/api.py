@@ -30,6 +30,7 @@ class TuneConfig:
     model: str  # zoo:<name> | op:<name> | a path to .onnx, to file.py:factory or to a Relax module .json
     input_shapes: dict[str, tuple[int, ...]] | None = None  # --input-shape: an ONNX or PyTorch model's inputs
     layout: str | None = None  # --layout: the layout a network's convs are tuned in (None: nchw, tunecore.layouts)
+    winograd: bool = False  # --winograd: Winograd kernels as candidates for 3x3 stride-1 convs (tunecore.winograd)
     # the workload's budget, whichever ends first, earlier runs included: records its runs put in the
     # store, seconds its runs tuned (None: no limit of that kind; one of the two must be given)
     trials: int | None = None
@@ -147,7 +148,8 @@ def tune(
         choice = None
         if config.layout == AUTO:
             choice = _choose_layout(config, tvm_target, tuner, store, search.name, on_tasks)
-        workload = load_workload(config.model, config.input_shapes, choice["layout"] if choice else config.layout)
+        workload = load_workload(config.model, config.input_shapes, choice["layout"] if choice else config.layout,
+                                 config.winograd)
         tasks = extract_tasks(workload, tvm_target)
         if on_tasks:
             on_tasks(tasks)
@@ -163,7 +165,8 @@ def tune(
 def _run_info(config: TuneConfig, workload: Any, target: Any, search_name: str) -> dict[str, Any]:
     from tunecore.tvmjson import target_to_json
 
-    info = {"model": workload.name, "layout": workload.layout, "target": target_to_json(target), "search": search_name,
+    info = {"model": workload.name, "layout": workload.layout, "winograd": workload.winograd,
+            "target": target_to_json(target), "search": search_name,
             "cost_model": config.cost_model, "measurer": config.measurer, "store": config.store or DEFAULT_STORE,
             "options": config.options}
     if config.run_key is not None:
@@ -189,7 +192,8 @@ def _choose_layout(config: TuneConfig, target: Any, tuner: Callable[[], Any], st
     from tunecore.workloads import extract_tasks, load_workload
 
     candidates = [layout for layout in LAYOUTS if layout != "nchwc" or target.kind.name == "llvm"]
-    workloads = {layout: load_workload(config.model, config.input_shapes, layout) for layout in candidates}
+    workloads = {layout: load_workload(config.model, config.input_shapes, layout, config.winograd)
+                 for layout in candidates}
     if not workloads[DEFAULT].is_network:
         raise UsageError(f"--layout auto: {config.model} is a single operator; layouts apply to networks")
     tasks = {layout: extract_tasks(w, target) for layout, w in workloads.items()}

@@ -58,13 +58,14 @@ def build(workload: Workload, target: Any, database: Any) -> Any:
     as parameters (zoo models; ``Runnable`` calls it once).
     """
     if workload.is_network:
-        return _build_network(workload.mod, target, database, workload.layout)
+        return _build_network(workload.mod, target, database, workload.layout, workload.winograd_convs)
     from tvm.s_tir.meta_schedule.builder.local_builder import default_build
 
     return default_build(scheduled_operator(workload, target, database), target, None)
 
 
-def _build_network(mod: Any, target: Any, database: Any, layout: str = "nchw") -> Any:
+def _build_network(mod: Any, target: Any, database: Any, layout: str = "nchw",
+                   winograd: frozenset = frozenset()) -> Any:
     import tvm
     from tvm import relax
 
@@ -73,7 +74,7 @@ def _build_network(mod: Any, target: Any, database: Any, layout: str = "nchw") -
     @tvm.transform.module_pass(opt_level=3, name="TunecoreBuild")
     def passes(mod: Any, _context: Any) -> Any:
         return tvm.transform.Sequential([
-            *fusion_passes(target, layout),  # as tasks were extracted, so the database's keys match
+            *fusion_passes(target, layout, winograd),  # as tasks were extracted, so the database's keys match
             relax.transform.MetaScheduleApplyDatabase(),
             tvm.transform.module_pass(_split_layout_rewrite_preproc, opt_level=0, name="SplitLayoutRewritePreproc"),
             relax.transform.LiftTransformParams(),
@@ -224,6 +225,10 @@ def compile_and_check(workload: Workload, target: Any, store: RecordStore, *, ou
 
     threads = use_target_threads(target)
     tasks = extract_tasks(workload, target)
+    if workload.winograd:  # Winograd for the convs whose Winograd kernels measured faster
+        from tunecore.winograd import choose
+
+        workload.winograd_convs = choose(store, tasks)
     database, covered = best_database(store, tasks, target)
     inputs = random_inputs(workload)
     started = time.time()
@@ -263,6 +268,7 @@ def compile_and_check(workload: Workload, target: Any, store: RecordStore, *, ou
     return {
         "model": workload.name,
         "layout": workload.layout,
+        "winograd_convs": sorted(workload.winograd_convs),
         "tasks_total": len(tasks),
         "tasks_tuned": covered,
         "latency_ms": latency * 1e3,

@@ -36,10 +36,12 @@ def check_layout(layout: str, target: Any = None) -> str:
     return layout
 
 
-def tuned_layout(store: Any, model: str) -> str | None:
-    """The layout ``model`` was last tuned in, by the runs a record store holds; None if it holds none."""
+def last_tuned(store: Any, model: str) -> dict[str, Any]:
+    """How ``model`` was last tuned, by the runs a record store holds: its layout and whether Winograd kernels
+    were candidates ({} if the store holds no run of it)."""
     runs = [run for run in store.runs() if run["info"].get("model") == model]
-    return runs[-1]["info"].get("layout", DEFAULT) if runs else None
+    return {"layout": runs[-1]["info"].get("layout", DEFAULT),
+            "winograd": bool(runs[-1]["info"].get("winograd", False))} if runs else {}
 
 
 def vector_lanes(target: Any) -> int:
@@ -125,9 +127,17 @@ def legalize_conv2d(bb: Any, call: Any) -> Any:
     return bb.call_te(topi.layout_transform, out, "NCHW", str(attrs.data_layout))
 
 
-def legalize_map() -> dict[str, Any]:
-    """LegalizeOps' customizations: what ``fusion_passes`` legalizes differently from relax."""
-    return {"relax.nn.conv2d": legalize_conv2d}
+def legalize_map(winograd: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """LegalizeOps' customizations: what ``fusion_passes`` legalizes differently from relax. ``winograd``: the
+    signatures of the convs computed by Winograd (tunecore.winograd; ``winograd.ALL``: every one it can)."""
+    from tunecore import winograd as wino
+
+    def conv2d(bb: Any, call: Any) -> Any:
+        if winograd and wino.eligible(call) and (wino.ALL in winograd or wino.call_signature(call) in winograd):
+            return wino.legalize(bb, call)
+        return legalize_conv2d(bb, call)
+
+    return {"relax.nn.conv2d": conv2d}
 
 
 def _full_rank_broadcasts() -> Any:

@@ -20,6 +20,10 @@ def add_common(p: argparse.ArgumentParser, *, model: bool = True, target: bool =
                             "| nhwc | nchwc (blocked, B = the CPU's vector lanes); `run --layout auto` probes each and "
                             "keeps the fastest build; `compile` without it uses the layout the model was last tuned "
                             "in")
+        p.add_argument("--winograd", action="store_true", default=None,
+                       help="give 3x3 stride-1 NCHW convs Winograd kernels beside their direct ones; `compile` keeps "
+                            "Winograd for a conv only where its tuned kernel measured faster (and follows the model's "
+                            "last run when not given)")
     if target:
         p.add_argument("--target", "-t", default="llvm",
                        help="llvm (this CPU, real mcpu) | cuda | a TVM JSON target dict (default: llvm)")

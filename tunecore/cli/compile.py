@@ -20,16 +20,19 @@ def add_commands(register: Any) -> None:
 def cmd_compile(args: argparse.Namespace) -> int:
     from tunecore import api
     from tunecore.compile import compile_and_check
-    from tunecore.layouts import tuned_layout
+    from tunecore.layouts import last_tuned
     from tunecore.targets import resolve_target
     from tunecore.workloads import load_workload, parse_input_shapes
 
     target = resolve_target(args.target)
     store = api.open_store(args.store, create=False)
     try:
-        workload = load_workload(args.model, parse_input_shapes(args.input_shape), args.layout)
-        if args.layout is None:  # compile in the layout the model was tuned in
-            workload.layout = tuned_layout(store, workload.name) or workload.layout
+        workload = load_workload(args.model, parse_input_shapes(args.input_shape), args.layout, bool(args.winograd))
+        tuned = last_tuned(store, workload.name)  # compile as the model was tuned, unless told otherwise
+        if args.layout is None:
+            workload.layout = tuned.get("layout", workload.layout)
+        if args.winograd is None:
+            workload.winograd = tuned.get("winograd", False)
         with render.console(stderr=True).status(f"compiling {args.model} tuned and untuned, checking and timing both"):
             report = compile_and_check(workload, target, store, output=args.output)
     finally:

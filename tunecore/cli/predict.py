@@ -39,7 +39,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     # no store is fine: every task is predicted as it is (untuned)
     store = api.open_store(args.store, create=False) if args.store or os.path.exists("tunecore.db") else None
     try:
-        workload = load_workload(args.model, parse_input_shapes(args.input_shape), args.layout)
+        workload = load_workload(args.model, parse_input_shapes(args.input_shape), args.layout,
+                                          bool(args.winograd))
         doing = f"predicting {args.model}" + (" and measuring it" if args.measure else "")
         with render.console(stderr=True).status(doing):
             report = predict_workload(workload, target, store, cost_model, measure=args.measure)

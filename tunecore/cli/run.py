@@ -39,7 +39,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     names = [args.search, args.cost_model, args.measurer, *filter(None, [args.then])]
     config = api.TuneConfig(
-        args.model, input_shapes=parse_input_shapes(args.input_shape), layout=args.layout, trials=args.trials,
+        args.model, input_shapes=parse_input_shapes(args.input_shape), layout=args.layout,
+        winograd=bool(args.winograd), trials=args.trials,
         time_budget=args.time_budget, target=args.target, search=args.search,
         then=args.then, cost_model=args.cost_model, measurer=args.measurer, store=args.store, seed=args.seed,
         options=parse_options(args.option, names), scheduler=args.scheduler, round_size=args.round_size,

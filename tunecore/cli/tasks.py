@@ -19,7 +19,8 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     from tunecore.workloads import extract_tasks, load_workload, parse_input_shapes
 
     target = resolve_target(args.target)
-    tasks = extract_tasks(load_workload(args.model, parse_input_shapes(args.input_shape), args.layout), target)
+    tasks = extract_tasks(load_workload(args.model, parse_input_shapes(args.input_shape), args.layout,
+                                          bool(args.winograd)), target)
     rows = [{"name": t.name, "task_id": t.task_id, "kernel_class": t.kernel_class, "weight": t.weight, "flops": t.flops,
              "args": t.args} for t in tasks]
     if args.json:

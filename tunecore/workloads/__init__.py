@@ -27,19 +27,24 @@ class Workload:
     reference: Callable[[list], list] | None = None
     reference_name: str = ""
     layout: str = "nchw"  # the layout its convs are tuned and compiled in (tunecore.layouts)
+    winograd: bool = False  # its 3x3 stride-1 convs also get Winograd kernels, kept where faster (tunecore.winograd)
+    winograd_convs: frozenset = frozenset()  # the signatures of the convs it is built with by Winograd
 
 
 def load_workload(spec: str, input_shapes: dict[str, tuple[int, ...]] | None = None,
-                  layout: str | None = None) -> Workload:
+                  layout: str | None = None, winograd: bool = False) -> Workload:
     """The workload a ``--model`` value names; UsageError with one line if it cannot be loaded.
     ``input_shapes`` (``--input-shape``) binds the inputs of an ONNX file or a PyTorch module; ``layout``
-    (``--layout``, tunecore.layouts) is the layout a network's convs are tuned and compiled in."""
+    (``--layout``, tunecore.layouts) is the layout a network's convs are tuned and compiled in; ``winograd``
+    (``--winograd``, tunecore.winograd) gives its 3x3 stride-1 convs Winograd kernels as candidates."""
     from tunecore.layouts import DEFAULT, check_layout
 
     workload = _load(spec, input_shapes)
     workload.layout = check_layout(layout or DEFAULT)
-    if not workload.is_network and workload.layout != DEFAULT:
-        raise UsageError(f"--layout {workload.layout}: {spec} is a single operator; layouts apply to networks")
+    workload.winograd = winograd
+    if not workload.is_network and (workload.layout != DEFAULT or winograd):
+        flag = "--winograd" if winograd else f"--layout {workload.layout}"
+        raise UsageError(f"{flag}: {spec} is a single operator; it applies to networks")
     return workload
 
 
@@ -126,7 +131,7 @@ def _load_relax_json(path: str) -> Any:
     return mod
 
 
-def fusion_passes(target: Any, layout: str = "nchw") -> list:
+def fusion_passes(target: Any, layout: str = "nchw", winograd: frozenset = frozenset()) -> list:
     """Convert the convs' layout, legalize and fuse, as ``tunecore compile`` builds (tunecore.compile), so
     tuned tasks match what gets compiled. Each kernel's weight buffers are marked layout-free:
     MetaSchedule's RewriteLayout then tiles them in the order the schedule reads them, and the build packs
@@ -140,7 +145,7 @@ def fusion_passes(target: Any, layout: str = "nchw") -> list:
     return [
         *layout_passes(layout, target),
         *pipeline.library_dispatch_passes(target),
-        relax.transform.LegalizeOps(legalize_map()),
+        relax.transform.LegalizeOps(legalize_map(winograd)),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
@@ -173,17 +178,19 @@ def _mark_layout_free_weights(mod: Any, _context: Any) -> Any:
     return out
 
 
-def fuse(mod: Any, target: Any, layout: str = "nchw") -> Any:
+def fuse(mod: Any, target: Any, layout: str = "nchw", winograd: frozenset = frozenset()) -> Any:
     import tvm
 
     with target, tvm.transform.PassContext(opt_level=3):
-        return tvm.transform.Sequential(fusion_passes(target, layout))(mod)
+        return tvm.transform.Sequential(fusion_passes(target, layout, winograd))(mod)
 
 
-def tuning_module(workload: Workload, target: Any) -> Any:
-    """A network's fused module whose TIR functions are its tasks (also what MetaSchedule's own tuning gets)."""
-    fused = fuse(workload.mod, target, workload.layout)
-    return fused if workload.layout == "nchw" else _without_weight_transforms(fused)
+def tuning_module(workload: Workload, target: Any, winograd: frozenset | None = None) -> Any:
+    """A network's fused module whose TIR functions are its tasks (also what MetaSchedule's own tuning gets), with
+    the convs of ``winograd`` (default: the workload's) computed by Winograd."""
+    winograd = workload.winograd_convs if winograd is None else winograd
+    fused = fuse(workload.mod, target, workload.layout, winograd)
+    return fused if workload.layout == "nchw" and not winograd else _without_weight_transforms(fused)
 
 
 def _without_weight_transforms(mod: Any) -> Any:
@@ -212,8 +219,12 @@ def extract_tasks(workload: Workload, target: Any) -> list[Task]:
     from tunecore.layouts import check_layout
 
     check_layout(workload.layout, target)
+    from tunecore.winograd import ALL
+
     try:
-        extracted = ms.relax_integration.extract_tasks(tuning_module(workload, target), target)
+        extracted = list(ms.relax_integration.extract_tasks(tuning_module(workload, target), target))
+        if workload.winograd:  # the candidates: every conv Winograd can compute, beside its direct kernel
+            extracted += ms.relax_integration.extract_tasks(tuning_module(workload, target, frozenset({ALL})), target)
     except Exception as error:  # TVM cannot lower this model: the user's model, the user's problem
         raise UsageError(f"--model {workload.name}: TVM cannot legalize/fuse it: "
                          f"{(str(error).splitlines() or [type(error).__name__])[0][:300]}") from None
@@ -222,7 +233,8 @@ def extract_tasks(workload: Workload, target: Any) -> list[Task]:
                   model=workload.name, weight=int(t.weight))
         for t in extracted
     ]
-    return [t for t in tasks if t.args]  # a function with no buffers has nothing to tune
+    unique = {t.workload_hash: t for t in tasks if t.args}  # a function with no buffers has nothing to tune
+    return list(unique.values())
 
 
 def make_task(mod: Any, target: Any, *, name: str, kernel_class: str, model: str, weight: int = 1) -> Task:
