@@ -117,7 +117,8 @@ def _too_spread(result: Any, max_spread: float) -> bool:
 
 class ForeignLoad:
     """CPU time that processes other than this one and its children (or the hypervisor: steal) took since
-    construction, in cores (1.0: one core's worth on average). A child that ended meanwhile counts as foreign."""
+    construction, in cores (1.0: one core's worth on average). A child that ended meanwhile counts as foreign for
+    the time it ran in the interval; one that started meanwhile counts as this process's."""
 
     def __init__(self) -> None:
         self.started, self.busy, self.own = time.monotonic(), _machine_busy(), _own_cpu()
@@ -126,7 +127,8 @@ class ForeignLoad:
         wall = time.monotonic() - self.started
         if wall <= 0:
             return 0.0
-        foreign = (_machine_busy() - self.busy) - (_own_cpu() - self.own)
+        own = sum(seconds - self.own.get(pid, 0.0) for pid, seconds in _own_cpu().items())
+        foreign = (_machine_busy() - self.busy) - own
         return round(max(0.0, foreign / wall), 3)
 
 
@@ -137,18 +139,19 @@ def _machine_busy() -> float:
     return sum(getattr(t, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq", "steal"))
 
 
-def _own_cpu() -> float:
+def _own_cpu() -> dict[int, float]:
+    """CPU seconds of this process and of each of its children, by pid."""
     import psutil
 
-    total = 0.0
+    out = {}
     me = psutil.Process()
     for process in [me, *me.children(recursive=True)]:
         try:
             t = process.cpu_times()
         except psutil.Error:  # ended meanwhile
             continue
-        total += t.user + t.system
-    return total
+        out[process.pid] = t.user + t.system
+    return out
 
 
 # anchors
