@@ -108,9 +108,7 @@ def legalize_conv2d(bb: Any, call: Any) -> Any:
         return _nn_conv2d(bb, call)  # relax's (ConvertLayout makes no blocked conv with another output layout)
     lanes, groups = int(blocked.group(1)), int(attrs.groups)
     data, weight = call.args
-    out_dtype = str(attrs.out_dtype)
-    if out_dtype in ("", "None", "void"):  # unset: the input's
-        out_dtype = str(data.ty.dtype)
+    out_dtype = conv_out_dtype(call)
     channels = int(data.ty.shape[1]) * lanes
     kernel_layout = str(attrs.kernel_layout)
     if groups == 1:
@@ -125,6 +123,12 @@ def legalize_conv2d(bb: Any, call: Any) -> Any:
     out = bb.emit(_nn_conv2d(bb, relax.op.nn.conv2d(plain, plain_weight, attrs.strides, attrs.padding,
                                                      attrs.dilation, groups, out_dtype=out_dtype)))
     return bb.call_te(topi.layout_transform, out, "NCHW", str(attrs.data_layout))
+
+
+def conv_out_dtype(call: Any) -> str:
+    """A relax conv's output dtype: its attribute, or the input's when that is unset."""
+    out_dtype = str(call.attrs.out_dtype)
+    return str(call.args[0].ty.dtype) if out_dtype in ("", "None", "void") else out_dtype
 
 
 def legalize_map(winograd: frozenset[str] = frozenset()) -> dict[str, Any]:

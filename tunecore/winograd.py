@@ -82,11 +82,11 @@ def legalize(bb: Any, call: Any) -> Any:
     """A conv2d computed by Winograd: the filter transform (a weight-only computation) and TVM's Winograd conv."""
     from tvm import topi
 
+    from tunecore.layouts import conv_out_dtype
+
     attrs = call.attrs
     data, weight = call.args
-    out_dtype = str(attrs.out_dtype)
-    if out_dtype in ("", "None", "void"):
-        out_dtype = str(data.ty.dtype)
+    out_dtype = conv_out_dtype(call)
     packed = bb.emit_te(filter_transform, weight)
     return bb.call_te(topi.nn.conv2d_winograd_nchw_without_weight_transform, data, packed, attrs.strides,
                       attrs.padding, attrs.dilation, out_dtype, primfunc_name_hint="conv2d_winograd")
