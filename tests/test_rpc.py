@@ -185,7 +185,10 @@ def test_the_tracker_restarted_between_rounds(target, matmul_task):
     try:
         (first,) = measurer.measure(matmul_task, sample_candidates(matmul_task, 1))
         fleet.restart_tracker()
-        (second,) = measurer.measure(matmul_task, sample_candidates(matmul_task, 2)[1:])
+        try:
+            (second,) = measurer.measure(matmul_task, sample_candidates(matmul_task, 2)[1:])
+        except MeasurerUnavailable as error:  # seen once in CI in ~20 runs: what did the fleet do?
+            raise AssertionError(f"{error}\n{fleet.logs()}") from None
         assert first.error is None and second.error is None, (first.error, second.error)
     finally:
         measurer.close()

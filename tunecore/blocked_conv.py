@@ -133,3 +133,9 @@ def _sketch(sch: Any, block: Any, fc: int, ow: int, order: str) -> Any:
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def conv_out_dtype(call: Any) -> str:
+    """A relax conv's output dtype: its attribute, or the input's when that is unset."""
+    out_dtype = str(call.attrs.out_dtype)
+    return str(call.args[0].ty.dtype) if out_dtype in ("", "None", "void") else out_dtype

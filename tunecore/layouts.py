@@ -100,7 +100,7 @@ def legalize_conv2d(bb: Any, call: Any) -> Any:
     from tvm import relax, topi
     from tvm.relax.transform.legalize_ops.nn import _nn_conv2d
 
-    from tunecore.blocked_conv import BLOCK, DEPTHWISE_BLOCK, conv2d_nchwc, depthwise_conv2d_nchwc
+    from tunecore.blocked_conv import BLOCK, DEPTHWISE_BLOCK, conv2d_nchwc, conv_out_dtype, depthwise_conv2d_nchwc
 
     attrs = call.attrs
     blocked = re.fullmatch(r"NCHW(\d+)c", str(attrs.data_layout))
@@ -123,12 +123,6 @@ def legalize_conv2d(bb: Any, call: Any) -> Any:
     out = bb.emit(_nn_conv2d(bb, relax.op.nn.conv2d(plain, plain_weight, attrs.strides, attrs.padding,
                                                      attrs.dilation, groups, out_dtype=out_dtype)))
     return bb.call_te(topi.layout_transform, out, "NCHW", str(attrs.data_layout))
-
-
-def conv_out_dtype(call: Any) -> str:
-    """A relax conv's output dtype: its attribute, or the input's when that is unset."""
-    out_dtype = str(call.attrs.out_dtype)
-    return str(call.args[0].ty.dtype) if out_dtype in ("", "None", "void") else out_dtype
 
 
 def legalize_map(winograd: frozenset[str] = frozenset()) -> dict[str, Any]:

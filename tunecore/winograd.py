@@ -82,7 +82,7 @@ def legalize(bb: Any, call: Any) -> Any:
     """A conv2d computed by Winograd: the filter transform (a weight-only computation) and TVM's Winograd conv."""
     from tvm import topi
 
-    from tunecore.layouts import conv_out_dtype
+    from tunecore.blocked_conv import conv_out_dtype
 
     attrs = call.attrs
     data, weight = call.args

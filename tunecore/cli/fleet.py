@@ -52,7 +52,7 @@ def cmd_fleet(args: argparse.Namespace) -> int:
         return 1  # it stopped on its own
     if args.fleet_command == "server":
         serve(parse_address(args.tracker, "--tracker"), args.key, args.host, args.port, args.port_end,
-              say=lambda line: print(line, flush=True))
+              say=lambda line: print(time.strftime("%H:%M:%S"), line, flush=True))
         return 0
     summary = Tracker(parse_address(args.tracker, "--tracker")).summary()
     keys: dict[str, dict[str, Any]] = {}

@@ -5,10 +5,12 @@ process group so that a test can kill, stop or restart one like a board that die
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 
@@ -28,10 +30,11 @@ def _free(port: int) -> bool:
             return False
 
 
-def start(*args: str) -> subprocess.Popen:
-    """A ``tunecore`` command in its own process group."""
-    return subprocess.Popen([sys.executable, "-m", "tunecore.cli", *args], start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def start(*args: str, log: str | None = None) -> subprocess.Popen:
+    """A ``tunecore`` command in its own process group, its output appended to the file ``log`` (or dropped)."""
+    with open(log or os.devnull, "ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "tunecore.cli", *args], start_new_session=True,
+                                stdout=out, stderr=subprocess.STDOUT)
 
 
 def signal_group(process: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
@@ -51,7 +54,8 @@ class Fleet:
 
         self.key = key
         self.port = free_port()
-        self.tracker_process = start("fleet", "tracker", "--port", str(self.port))
+        self.log_dir = tempfile.mkdtemp(prefix="tunecore-fleet-")  # what the processes said, for a failing test
+        self.tracker_process = start("fleet", "tracker", "--port", str(self.port), log=self._log("tracker"))
         self.tracker = Tracker(("127.0.0.1", self.port))
         self.servers: list[subprocess.Popen] = []
         self.server_ports: list[int] = []
@@ -87,7 +91,7 @@ class Fleet:
                 start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
         else:
             process = start("fleet", "server", "--tracker", self.address, "--key", key or self.key,
-                            "--port", str(port), "--port-end", str(port + 1))
+                            "--port", str(port), "--port-end", str(port + 1), log=self._log(f"server-{port}"))
         self.servers.append(process)
         self.server_ports.append(port)
         self.keys.append(key or self.key)
@@ -118,12 +122,24 @@ class Fleet:
         while not _free(self.port):  # the killed tracker's process lets go of its port
             assert time.monotonic() < deadline, f"port {self.port} stays taken"
             time.sleep(0.1)
-        self.tracker_process = start("fleet", "tracker", "--port", str(self.port))
+        self.tracker_process = start("fleet", "tracker", "--port", str(self.port), log=self._log("tracker"))
+
+    def _log(self, name: str) -> str:
+        return os.path.join(self.log_dir, f"{name}.log")
+
+    def logs(self) -> str:
+        """What the tracker and the tunecore servers printed, each under its name, with the time of asking."""
+        parts = [f"fleet logs at {time.strftime('%H:%M:%S')}"]
+        for name in sorted(os.listdir(self.log_dir)):
+            with open(self._log(name[:-4]), errors="replace") as file:
+                parts.append(f"--- {name}\n{file.read()[-4000:]}")
+        return "\n".join(parts)
 
     def close(self) -> None:
         for process in [*self.servers, self.tracker_process]:
             signal_group(process, signal.SIGCONT)
             signal_group(process)
+        shutil.rmtree(self.log_dir, ignore_errors=True)
 
 
 class Postgres:
@@ -132,7 +148,6 @@ class Postgres:
 
     def __init__(self, directory: str):
         import glob
-        import shutil
 
         self.external = os.environ.get("TUNECORE_TEST_PG_URL")
         if self.external:
