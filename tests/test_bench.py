@@ -138,3 +138,10 @@ def test_a_network_cell_is_compiled_and_timed_end_to_end(tmp_path):
     assert started["best_s"] == sorted(started["best_s"], reverse=True)
     assert started["best_s"][-1] == pytest.approx(entry["curve"]["best_s"][-1])
     assert "| zoo:bert-tiny | random | none | 0 | finished | 42 (0) |" in report.markdown(results)
+
+
+def test_a_search_that_asks_no_cost_model_gets_one_cell_not_one_per_cost_model():
+    from tunecore import bench
+
+    cells = bench.plan(["op:matmul-64"], ["random", "ansor"], ["none", "xgb"], seeds=1, without_cost_model=["random"])
+    assert [(c.search, c.cost_model) for c in cells] == [("random", "none"), ("ansor", "none"), ("ansor", "xgb")]

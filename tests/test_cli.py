@@ -11,6 +11,7 @@ import pytest
 
 from tunecore.testing.cli import assert_one_line_exit_2, run_cli
 from tunecore.testing.cli import cli_json as _json
+from tunecore.testing.helpers import write_tiny_onnx
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -38,9 +39,22 @@ def test_run_stores_records_and_resumes_with_the_difference(tmp_path):
 
 
 def test_human_output_has_a_summary_table(tmp_path):
-    result = run_cli("run", "--model", "op:matmul-64", "--trials", "4", "--store", "memory:")
+    store = str(tmp_path / "s.db")
+    result = run_cli("run", "--model", "op:matmul-64", "--trials", "4", "--store", store, "--cost-model", "xgb")
     assert result.returncode == 0, result.stderr
     assert "matmul-64" in result.stdout and "best ms" in result.stdout and "measured 4 candidates" in result.stdout
+    assert "target llvm" in result.stdout and f"store {store}" in result.stdout.replace("\n", "")
+    assert "tunecore: note: search 'random' does not use a cost model" in result.stderr
+    again = run_cli("run", "--model", "op:matmul-64", "--trials", "4", "--store", store)
+    assert "nothing to measure" in again.stdout
+
+
+def test_the_table_says_why_a_task_stopped_early(tmp_path):
+    model = tmp_path / "tiny.onnx"
+    write_tiny_onnx(str(model))  # its reshape has a design space of a few programs
+    result = run_cli("run", "--model", str(model), "--trials", "30", "--store", "memory:", "--scheduler", "round-robin")
+    assert result.returncode == 0, result.stderr
+    assert "stopped" in result.stdout and "no new" in result.stdout
 
 
 def test_tasks_of_a_zoo_model():
@@ -64,6 +78,14 @@ def test_a_command_that_needs_no_torch_does_not_import_it():
     assert result.returncode == 0, result.stderr
 
 
+def test_output_cut_short_by_its_reader_ends_quietly():
+    """`tunecore ... --json | head`: no BrokenPipeError traceback."""
+    process = subprocess.Popen([sys.executable, "-m", "tunecore.cli", "plugins"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    process.stdout.close()  # the reader is gone before the command writes
+    assert process.wait(timeout=120) == 141 and process.stderr.read() == ""
+
+
 def test_records_export_import_round_trip(tmp_path):
     store = str(tmp_path / "a.db")
     _json(run_cli("run", "--model", "op:matmul-64", "--trials", "5", "--store", store, "--json"))
@@ -83,7 +105,8 @@ def test_records_export_import_round_trip(tmp_path):
          ["unknown search policy 'nosuch'", "random"]),
         (["run", "--model", "op:matmul-64", "--trials", "4", "--cost-model", "nosuch"],
          ["unknown cost model 'nosuch'"]),
-        (["run", "--model", "op:nosuch", "--trials", "4"], ["unknown operator 'op:nosuch'"]),
+        (["run", "--model", "op:nosuch", "--trials", "4"],
+         ["unknown operator 'op:nosuch'", "c2d-0", "dense-bert", "matmul-MxNxK"]),
         (["run", "--model", "zoo:nosuch", "--trials", "4"], ["unknown zoo model"]),
         (["run", "--model", "missing.onnx", "--trials", "4"], ["no such file"]),
         (["run", "--model", "op:matmul-64", "--trials", "4", "--target", "{bad json"], ["not valid JSON"]),
@@ -105,13 +128,17 @@ def test_records_export_import_round_trip(tmp_path):
         (["run", "--model", "op:matmul-64", "--time-budget", "ten minutes"], ["not a duration"]),
         (["run", "--model", "op:matmul-64", "--time-budget", "0"], ["--time-budget must be > 0"]),
         (["records", "list", "--store", "does-not-exist.db"], ["no such store"]),
+        (["records", "list", "--store", "foo:bar"], ["unknown store 'foo'", "./foo:bar"]),
+        (["run", "--model", "op:matmul-64", "--trials", "1", "--store", "/missing/dir/x.db"],
+         ["directory /missing/dir does not exist"]),
         (["compile", "--model", "op:matmul-64", "--store", "does-not-exist.db"], ["no such store"]),
         (["records", "import", "--format", "metaschedule", "/nonexistent-dir", "--store", "memory:"],
          ["not a MetaSchedule JSON database"]),
     ],
 )
 def test_mistakes_are_one_line_and_exit_2(args, fragments, tmp_path):
-    assert_one_line_exit_2(run_cli(*args, "--store", "memory:") if args[0] == "run" else run_cli(*args, cwd=tmp_path),
+    own_store = args[0] != "run" or "--store" in args
+    assert_one_line_exit_2(run_cli(*args, cwd=tmp_path) if own_store else run_cli(*args, "--store", "memory:"),
                            *fragments)
 
 

@@ -1,5 +1,7 @@
 """`tunecore compile` builds what the store's best records say, and the result is right and faster."""
 
+import pathlib
+
 import numpy as np
 import pytest
 import tvm_ffi
@@ -80,9 +82,16 @@ def test_a_network_gets_every_tasks_best_record_and_is_faster(tmp_path, target):
     store_file = _tuned_store(tmp_path, str(model), 9)
     tasks = _json(run_cli("tasks", "--model", str(model), "--json"))["tasks"]
     assert sorted(t["name"] for t in tasks) == ["fused_conv2d_add_relu", "matmul", "reshape1"]
-    report = _json(run_cli("compile", "--model", str(model), "--store", store_file, "--json"))
+    report = _json(run_cli("compile", "--model", str(model), "--store", store_file, "--json", "-o", "tuned.so",
+                           cwd=tmp_path))
     assert report["outputs_match"] is True and report["tasks_tuned"] == report["tasks_total"] == 3
     assert report["speedup"] > MIN_SPEEDUP["tiny.onnx"], report
+    # the user guide's example loads and calls what `-o` wrote
+    guide = (pathlib.Path(__file__).parents[1] / "docs" / "user-guide.md").read_text()
+    example = guide.split("<!-- example: load-compiled -->", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict = {}
+    exec(example.replace('"tuned.so"', repr(str(tmp_path / "tuned.so"))).replace("224, 224", "64, 64"), namespace)
+    assert namespace["out"].numpy().shape == (1, 10)
 
     # What compile_relax does with the database: MetaSchedule's pass puts each task's record in place of
     # its fused function. Every fused function must come out as its task's best record, not as it was.

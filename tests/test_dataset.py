@@ -404,3 +404,16 @@ def test_a_stopped_collection_resumes_where_it_stopped(tmp_path):
     assert exhausted and all(len(dataset.rows_of(key, device)) < 3 for key in exhausted)
     assert all(len(dataset.rows_of(key, device)) == 3 for key in dataset.tasks if key not in exhausted)
     assert cli_json(run_cli(*args))["devices"][0]["measured"] == 0
+
+
+def test_collect_kernels_takes_only_the_tasks_of_those_operators(tmp_path):
+    model = tmp_path / "tiny.onnx"
+    write_tiny_onnx(str(model))  # tasks: matmul, reshape, conv2d_add_relu
+    path = tmp_path / "d.parquet"
+    args = ["dataset", "collect", "--model", str(model), "--per-task", "2", "--out", str(path),
+            "--random-fraction", "1", "--anchors", "0", "--json"]
+    assert_one_line_exit_2(run_cli(*args, "--kernels", "conv,"), "--kernels takes operator names")
+    report = cli_json(run_cli(*args, "--kernels", "conv,matmul"))
+    dataset = Dataset.load(str(path))
+    assert sorted(task.kernel_class for task in dataset.tasks.values()) == ["conv2d_add_relu@4d", "matmul@2d"]
+    assert report["devices"][0]["measured"] == len(dataset.rows) == 4

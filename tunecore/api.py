@@ -13,7 +13,7 @@ import os
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from tunecore.errors import UsageError
-from tunecore.options import options_for
+from tunecore.options import check_option_scopes, options_for
 from tunecore.registry import Registry
 from tunecore.roles import CostModel, Measurer, RecordStore, SearchPolicy
 from tunecore.store import DEFAULT_STORE, parse_store_url
@@ -59,6 +59,18 @@ def open_store(url: str | None, registry: Registry | None = None, *, create: boo
     return registry.get("store", name)(location)
 
 
+def notes(config: TuneConfig, registry: Registry | None = None) -> list[str]:
+    """What a user should know about a run before it starts, e.g. a cost model its search never asks."""
+    registry = registry or Registry.shared()
+    registry.get("cost_model", config.cost_model)  # an unknown name: its one-line error, before any note
+    out = []
+    for search in filter(None, [config.search, config.then]):
+        if config.cost_model != "none" and not getattr(registry.get("search", search), "uses_cost_model", True):
+            out.append(f"search '{search}' does not use a cost model: --cost-model {config.cost_model} is trained "
+                       "for nothing (--cost-model none runs the same search)")
+    return out
+
+
 def _construct(registry: Registry, role: str, name: str, /, *args: Any, **kwargs: Any) -> Any:
     cls = registry.get(role, name)
     try:
@@ -71,14 +83,18 @@ def _construct(registry: Registry, role: str, name: str, /, *args: Any, **kwargs
 def components(
     target: Any, config: TuneConfig, registry: Registry | None = None
 ) -> Iterator[tuple[SearchPolicy, CostModel, RecordStore, Measurer]]:
-    """Construct the four components ``config`` names (refusing impossible combinations first)
-    and close them afterwards.
+    """Construct the four components ``config`` names (refusing impossible combinations and options no component
+    of it takes first) and close them afterwards. ``target``: a TVM target or what ``--target`` takes ("llvm").
 
     With ``config.then``, the search policy is ``search`` followed per task by ``then`` (see tunecore.chain);
     ``search.KEY`` options go to ``search``, ``then`` gets only its own ``NAME.KEY`` options.
     """
+    from tunecore.targets import resolve_target
+
     registry = registry or Registry.shared()
     c = config
+    target = resolve_target(target) if isinstance(target, str) else target
+    check_option_scopes(c.options, [c.search, *([c.then] if c.then else []), c.cost_model, c.measurer])
     registry.check_target(target, search=c.search, cost_model=c.cost_model, measurer=c.measurer)
     if c.then:
         registry.check_target(target, search=c.then)

@@ -20,6 +20,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Collection, Sequence
 
 from tunecore.errors import UsageError
+from tunecore.options import options_of
 
 if TYPE_CHECKING:
     from tunecore.api import TuneConfig
@@ -48,10 +49,15 @@ class Cell:
         return os.path.join(CELLS_DIR, f"{readable}-{hashlib.sha1(self.id.encode()).hexdigest()[:8]}.db")
 
 
-def plan(models: Sequence[str], searches: Sequence[str], cost_models: Sequence[str], seeds: int) -> list[Cell]:
+def plan(models: Sequence[str], searches: Sequence[str], cost_models: Sequence[str], seeds: int,
+         without_cost_model: Collection[str] = ()) -> list[Cell]:
+    """The cells of a matrix; a search in ``without_cost_model`` (one that asks no cost model: random) gets one
+    cell per model and seed, with the cost model ``none``, not one per cost model that would all be the same."""
     if seeds < 1:
         raise UsageError("--seeds must be >= 1")
-    return [Cell(m, s, c, k) for m in models for s in searches for c in cost_models for k in range(seeds)]
+    cells = [Cell(m, s, "none" if s in without_cost_model else c, k)
+             for m in models for s in searches for c in cost_models for k in range(seeds)]
+    return list(dict.fromkeys(cells))
 
 
 def split_list(value: str, flag: str) -> list[str]:
@@ -205,7 +211,9 @@ def run_matrix(
         started = time.time()
         try:
             config = dataclasses.replace(settings, model=cell.model, search=cell.search, cost_model=cell.cost_model,
-                                         seed=cell.seed, store=f"sqlite:{store_file}", run_key=cell.id)
+                                         seed=cell.seed, store=f"sqlite:{store_file}", run_key=cell.id,
+                                         options=options_of(settings.options,
+                                                            [cell.search, cell.cost_model, settings.measurer]))
             summary = api.tune(config, on_round=on_round)
         except (UsageError, KeyboardInterrupt):
             raise

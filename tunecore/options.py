@@ -15,8 +15,8 @@ def parse_options(pairs: list[str] | None, components: Sequence[str] = ()) -> di
     that name only -- so ``tunecore bench --search random,ansor -O ansor.population=64`` leaves
     ``random`` alone. ``components`` are the names this command uses; another NAME is refused.
     """
-    roles = {"search": "search", "cost_model": "cost_model", "cost-model": "cost_model", "measurer": "measurer"}
-    options: dict[str, dict[str, Any]] = {"search": {}, "cost_model": {}, "measurer": {}}
+    roles = {**{role: role for role in ROLES}, "cost-model": "cost_model"}
+    options: dict[str, dict[str, Any]] = {role: {} for role in ROLES}
     for pair in pairs or []:
         key, sep, raw = pair.partition("=")
         scope, dot, name = key.partition(".")
@@ -26,6 +26,28 @@ def parse_options(pairs: list[str] | None, components: Sequence[str] = ()) -> di
                              f"{', '.join(components) or 'the components used'}")
         options.setdefault(roles.get(scope, scope), {})[name.replace("-", "_")] = _parse_value(raw)
     return options
+
+
+ROLES = ("search", "cost_model", "measurer")
+
+
+def check_option_scopes(options: dict[str, Any], components: Sequence[str]) -> None:
+    """Refuse what the Python API's ``options`` cannot mean: a scope that is neither a role nor one of the
+    ``components`` the run uses (``{"serach": ...}``, ``{"ansor.population": 64}``), or one whose value is
+    not a dict of keyword arguments."""
+    for scope, values in options.items():
+        if scope not in ROLES and scope not in components:
+            raise UsageError(f"options[{scope!r}]: expected a role ({', '.join(ROLES)}) or a component of this run "
+                             f"({', '.join(dict.fromkeys(components))}), each mapping keys to values, e.g. "
+                             "{'search': {'population': 64}}")
+        if not isinstance(values, dict):
+            raise UsageError(f"options[{scope!r}] must be a dict of KEY: VALUE, not {values!r}")
+
+
+def options_of(options: dict[str, dict[str, Any]], components: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """The options of a run using ``components``: the role-wide ones and those components' own (a bench matrix
+    has options for components a cell does not use)."""
+    return {scope: values for scope, values in options.items() if scope in ROLES or scope in components}
 
 
 def options_for(options: dict[str, dict[str, Any]] | None, role: str, name: str) -> dict[str, Any]:

@@ -54,7 +54,11 @@ class SearchPolicy(Component):
 
     Built by the core as ``cls(cost_model=..., store=..., seed=..., **options)``.
     The call order per task is ``start_task`` once, then ``propose`` / ``observe`` pairs.
+    ``uses_cost_model``: False for a policy that proposes without asking its cost model (random search), so that
+    a run pairing it with one says the model is trained for nothing, and a bench matrix runs it once.
     """
+
+    uses_cost_model = True
 
     def __init__(self, *, cost_model: CostModel, store: RecordStore, seed: int = 0, **options: Any):
         reject_unknown_options("search", self.name, options)

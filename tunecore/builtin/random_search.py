@@ -11,6 +11,7 @@ _MAX_MISSES = 64
 
 class RandomSearch(SearchPolicy):
     name = "random"
+    uses_cost_model = False
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)

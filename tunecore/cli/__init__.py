@@ -2,12 +2,13 @@
 ``tunecore_register_commands`` -- the core's by ``tunecore.builtin``, a plugin's by the plugin.
 
 Every user mistake ends as one line on stderr and exit code 2; an interrupted run exits 130 with
-everything it measured already in the store.
+everything it measured already in the store; output cut short by its reader (``| head``) ends it quietly.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Callable, Sequence
 
@@ -73,3 +74,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("tunecore: interrupted; every committed round is saved, run the same command to resume",
               file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`... --json | head`): stop quietly, as `cat` does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that exiting flushes nothing
+        return 141  # 128 + SIGPIPE

@@ -26,7 +26,8 @@ def add_common(p: argparse.ArgumentParser, *, model: bool = True, target: bool =
                             "last run when not given)")
     if target:
         p.add_argument("--target", "-t", default="llvm",
-                       help="llvm (this CPU, real mcpu) | cuda | a TVM JSON target dict (default: llvm)")
+                       help="llvm (this CPU, real mcpu) | cuda | a TVM target tag, e.g. nvidia/nvidia-h100 or "
+                            "aws/cpu/c5.large | a TVM JSON target dict (default: llvm)")
     if store:
         p.add_argument("--store", "-s", default=None,
                        help="record store: a file path (sqlite) or NAME:LOCATION, e.g. memory: (default: tunecore.db)")
@@ -38,7 +39,7 @@ def add_tuning(p: argparse.ArgumentParser) -> None:
     """How candidates are measured and trials spread over tasks (``run`` and ``bench``)."""
     from tunecore.schedulers import SCHEDULERS
 
-    p.add_argument("--measurer", default="local", help="measurer (see `tunecore plugins`)")
+    p.add_argument("--measurer", default="local", help="measurer (default: local; see `tunecore plugins`)")
     p.add_argument("--scheduler", choices=sorted(SCHEDULERS), default="gradient",
                    help="how trials are spread over a network's tasks (default: gradient, as in Ansor)")
     p.add_argument("--option", "-O", action="append", metavar="ROLE.KEY=VALUE",

@@ -35,9 +35,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from tunecore import bench, report
     from tunecore.api import TuneConfig
     from tunecore.options import parse_options
+    from tunecore.registry import Registry
 
     searches, cost_models = bench.split_list(args.search, "--search"), bench.split_list(args.cost_model, "--cost-model")
-    cells = bench.plan(bench.split_list(args.model, "--model"), searches, cost_models, args.seeds)
+    registry = Registry.shared()
+    without_cost_model = [s for s in searches if not registry.get("search", s).uses_cost_model]
+    if without_cost_model and cost_models != ["none"]:
+        print(f"tunecore: note: {', '.join(without_cost_model)} use(s) no cost model: one cell per model and seed, "
+              "with the cost model none", file=sys.stderr)
+    cells = bench.plan(bench.split_list(args.model, "--model"), searches, cost_models, args.seeds, without_cost_model)
     settings = TuneConfig("", trials=args.trials, target=args.target, measurer=args.measurer,
                           options=parse_options(args.option, [*searches, *cost_models, args.measurer]),
                           scheduler=args.scheduler)

@@ -30,6 +30,9 @@ def add_commands(register: Any) -> None:
     collect.add_argument("--search", default="ansor", help="the guided search (default: ansor)")
     collect.add_argument("--cost-model", default="xgb", help="the guided search's cost model (default: xgb)")
     collect.add_argument("--max-programs", type=int, default=None, help="stop after measuring this many, per device")
+    collect.add_argument("--kernels", default="",
+                         help="only tasks whose kernel class contains one of these comma-separated operator names, "
+                              "e.g. conv,dense,matmul (default: every task)")
     _add_run_limits(collect)
 
     remeasure = sub.add_parser("remeasure", help="measure the dataset's programs on another device (the same traces)")
@@ -110,6 +113,7 @@ def _collect(args: argparse.Namespace) -> int:
                        random_fraction=args.random_fraction, search=args.search, cost_model=args.cost_model,
                        measurer=args.measurer, seed=args.seed, max_programs=args.max_programs,
                        time_limit=args.time_limit, max_spread=args.max_spread, anchors=args.anchors,
+                       kernels=tuple(args.kernels.split(",")) if args.kernels else (),
                        options=parse_options(args.option, [args.search, args.cost_model, args.measurer, "random"]))
     report = _with_progress(args, lambda on_progress: collect(args.out, plan, on_progress=on_progress))
     _print_report(args, report, [(d["device"], d["measured"], d["failed"], d["stopped"], d.get("drift"))

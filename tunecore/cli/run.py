@@ -15,17 +15,19 @@ from tunecore.cli.args import add_common, add_tuning, duration
 def add_commands(register: Any) -> None:
     run = register("run", cmd_run, help="tune a workload (resumes: records of earlier runs of this workload count)")
     add_common(run)
-    run.add_argument("--search", default="random", help="search policy (see `tunecore plugins`)")
+    run.add_argument("--search", default="random", help="search policy (default: random; see `tunecore plugins`)")
     run.add_argument("--then", default=None, metavar="SEARCH",
                      help="per task, once --search has nothing new to propose, spend the rest of the budget with this "
                           "search policy, starting from what was measured (e.g. --search transfer --then ansor)")
-    run.add_argument("--cost-model", default="none", help="cost model (see `tunecore plugins`)")
+    run.add_argument("--cost-model", default="none", help="cost model (default: none; see `tunecore plugins`)")
     run.add_argument("--trials", "-n", type=int, default=None,
                      help="total measured candidates for this workload, earlier runs included")
     run.add_argument("--time-budget", type=duration, default=None, metavar="DURATION",
                      help="total tuning time for this workload, earlier runs included, e.g. 30m, 2h, 900 "
                           "(with --trials: whichever ends first)")
-    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--seed", type=int, default=0,
+                     help="seed of every random choice (search, cost model, scheduler): the same seed on the same "
+                          "records proposes the same candidates (default: 0)")
     run.add_argument("--round-size", type=int, default=None, help="candidates per round (default: by budget)")
     add_tuning(run)
 
@@ -45,13 +47,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         then=args.then, cost_model=args.cost_model, measurer=args.measurer, store=args.store, seed=args.seed,
         options=parse_options(args.option, names), scheduler=args.scheduler, round_size=args.round_size,
     )
+    for note in api.notes(config):
+        print(f"tunecore: note: {note}", file=sys.stderr)
     display = render.progress(TextColumn("trials"), TextColumn("best {task.fields[best]}"),
                               TextColumn("errors {task.fields[errors]}"),
                               after=(TextColumn("ETA"), TimeRemainingColumn()), transient=args.json)
     bar: dict[str, Any] = {}
 
     def on_tasks(tasks: list) -> None:
-        bar["id"] = display.add_task(f"tuning {args.model}", total=None, best="-", errors=0)
+        bar["id"] = display.add_task(f"tuning {args.model}", total=args.trials, best="-", errors=0)
         display.start()
 
     def on_round(report: Any) -> None:
@@ -78,17 +82,23 @@ def cmd_run(args: argparse.Namespace) -> int:
 def print_summary(summary: Any) -> None:
     from rich.table import Table
 
-    table = Table(title=f"{summary['model']}  ·  search {summary['search']}  ·  cost model {summary['cost_model']}")
+    table = Table(title=f"{summary['model']}  ·  search {summary['search']}  ·  cost model {summary['cost_model']}"
+                        f"  ·  target {_target_label(summary['target'])}")
     table.add_column("task", overflow="fold")
     for column in ("weight", "GFLOP", "trials", "errors", "best ms", "GFLOPS"):
         table.add_column(column, justify="right", no_wrap=True)
+    stopped = any(t["stopped"] for t in summary["tasks"])
+    if stopped:  # why a task got fewer trials than the budget would give it (e.g. transfer ran out of pairs)
+        table.add_column("stopped", overflow="fold")
     for t in summary["tasks"]:
         table.add_row(
             t["name"], str(t["weight"]), f"{t['flops'] / 1e9:.3g}", str(t["trials"]), str(t["errors"]),
             render.ms(t["best_latency_s"]), "-" if t["gflops"] is None else f"{t['gflops']:.1f}",
+            *([t["stopped"] or ""] if stopped else []),
         )
     console = render.console()
     console.print(table)
+    console.print(f"store {summary['store']}", markup=False)
     choice = summary.get("layout_choice")
     if choice:
         measured = ", ".join(f"{layout} {p['latency_ms']:.4g} ms" for layout, p in choice.get("probes", {}).items())
@@ -103,9 +113,25 @@ def print_summary(summary: Any) -> None:
         f"store holds {summary['trials_total']} for these tasks. "
         + (f"Estimated latency (sum of weight x best): {estimate:.4g} ms." if estimate is not None else "")
     )
+    requested = summary["trials_requested"]
+    if not summary["trials_measured"] and requested is not None and summary["trials_total"] >= requested:
+        console.print(f"nothing to measure: runs of this workload already put {summary['trials_total']} records in "
+                      f"the store, --trials asks for {requested} in all (raise it to go on)")
     if summary.get("phase_s"):
         console.print("time by phase: " + ", ".join(f"{k} {v:.1f} s" for k, v in summary["phase_s"].items()))
     _print_search_reports(summary, console)
+
+
+def _target_label(target_json: str) -> str:
+    """A target as a person reads it: kind, CPU or GPU model, cores."""
+    try:
+        target = json.loads(target_json)
+    except json.JSONDecodeError:
+        return target_json
+    details = [str(target[key]) for key in ("mcpu", "arch") if target.get(key)]
+    if target.get("num-cores"):
+        details.append(f"{target['num-cores']} cores")
+    return target.get("kind", "?") + (f" ({', '.join(details)})" if details else "")
 
 
 def _print_search_reports(summary: Any, console: Any) -> None:

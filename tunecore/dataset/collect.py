@@ -47,6 +47,10 @@ class CollectPlan:
     time_limit: float | None = None  # seconds for this invocation
     max_spread: float = protocol.MAX_SPREAD  # a program whose timings spread more is measured again, then flagged
     anchors: int = protocol.ANCHORS  # programs measured at the start and end of the run (0: none)
+    kernels: tuple[str, ...] = ()  # only tasks whose kernel class contains one of these (e.g. "conv"); (): all
+
+    def wants(self, task: Any) -> bool:
+        return not self.kernels or any(kind in task.kernel_class for kind in self.kernels)
 
 
 @dataclasses.dataclass
@@ -86,7 +90,7 @@ def collect(path: str, plan: CollectPlan, *, registry: Any = None,
         target = resolve_target(spec)
         tasks = {}
         for workload in workloads:
-            for task in extract_tasks(workload, target):
+            for task in filter(plan.wants, extract_tasks(workload, target)):
                 dataset.add_task(task)
                 tasks.setdefault(task.workload_hash, task)
         with _measurer(registry, plan, target, path) as measurer:
@@ -381,6 +385,8 @@ def _check_plan(plan: CollectPlan) -> None:
         raise UsageError("name at least one --model")
     if plan.per_task < 1:
         raise UsageError("--per-task must be >= 1")
+    if any(not kind.strip() for kind in plan.kernels):
+        raise UsageError("--kernels takes operator names, e.g. conv,dense,matmul")
     if not 0 <= plan.random_fraction <= 1:
         raise UsageError("--random-fraction must be between 0 and 1")
     for name, value in (("--max-programs", plan.max_programs), ("--time-limit", plan.time_limit)):

@@ -6,18 +6,25 @@ registered store ``NAME`` (``memory:``, ``sqlite:runs/a.db``, or a plugin's).
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
+
+from tunecore.errors import UsageError
 
 DEFAULT_STORE = "tunecore.db"
 
 
 def parse_store_url(url: str | None, store_names: list[str]) -> tuple[str, str]:
-    """(store name, location) for a ``--store`` value."""
+    """(store name, location) for a ``--store`` value: NAME:LOCATION for a store NAME, else a SQLite file's path
+    (an unknown NAME: is a UsageError, not a file of that name; ./foo:bar is the file)."""
     url = url or DEFAULT_STORE
     match = re.fullmatch(r"([a-z][a-z0-9_-]*):(.*)", url)
     if match and match.group(1) in store_names:
         return match.group(1), match.group(2)
+    if match and not os.path.exists(url):
+        raise UsageError(f"--store {url}: unknown store '{match.group(1)}' (stores: {', '.join(sorted(store_names))}; "
+                         f"a file whose name has a colon: ./{url})")
     return "sqlite", url
 
 

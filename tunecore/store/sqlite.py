@@ -79,6 +79,9 @@ class SqliteStore(RecordStore):
         in_memory = location in ("", ":memory:")
         if not in_memory and os.path.isdir(location):
             raise UsageError(f"--store {location}: is a directory, not a tunecore store file")
+        directory = os.path.dirname(os.path.abspath(location))
+        if not in_memory and not os.path.isdir(directory):
+            raise UsageError(f"--store {location}: directory {directory} does not exist")
         is_new = in_memory or not os.path.exists(location) or os.path.getsize(location) == 0
         try:
             self.db = sqlite3.connect(":memory:" if in_memory else location, isolation_level=None)

@@ -64,7 +64,8 @@ def build_op(name: str) -> Any:
         match = re.fullmatch(r"([a-z0-9]+)-(\d+)", name)
         code = match.group(1).upper() if match else ""
         if code not in _ANSOR_CODES or int(match.group(2)) >= len(te_workload.CONFIGS[code][1]):
-            raise UsageError(f"unknown operator 'op:{name}'; known: {', '.join(op_names())} (matmul-N for any N)")
+            raise UsageError(f"unknown operator 'op:{name}'; known: {', '.join(op_names())} "
+                             "(and matmul-N or matmul-MxNxK for any sizes from 1 to 16384)")
         func, configs = te_workload.CONFIGS[code]
         args = configs[int(match.group(2))]
     prim_func = te.create_prim_func(func(*args)).with_attr("global_symbol", "main")
