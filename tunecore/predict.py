@@ -51,7 +51,8 @@ def predict_workload(workload: Workload, target: Any, store: RecordStore | None,
                      "predicted_ms": seconds * 1e3, "stored_ms": stored_ms})
     out: dict[str, Any] = {"model": workload.name, "device": describe_device(device), "cost_model": cost_model.name,
                            "tasks": rows, "tasks_with_records": sum(r["schedule"] == "stored" for r in rows),
-                           "predicted_ms": total * 1e3, "threads": threads}
+                           "predicted_ms": total * 1e3, "threads": threads,
+                           "device_note": cost_model.device_note(device)}
     if measure:
         from tvm.s_tir import meta_schedule as ms
 

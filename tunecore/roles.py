@@ -134,6 +134,11 @@ class CostModel(Component):
         """Predicted seconds per candidate on ``self.device``; only for models with ``predicts_latency``."""
         raise NotImplementedError(f"cost model '{self.name}' ranks candidates but does not predict latency")
 
+    def device_note(self, device: dict[str, Any]) -> str | None:
+        """What a user should know before trusting predictions for ``device`` (a device descriptor), e.g. that
+        the model never learned from it; None: nothing. ``tunecore predict`` prints it."""
+        return None
+
     def save(self, path: str) -> None:
         """Write the model to ``path`` in a format that is safe to load (no pickle)."""
         raise NotImplementedError(f"cost model '{self.name}' cannot be saved")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from tunecore.cli import render
@@ -65,4 +66,6 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if "measured_ms" in report:
         line += f", measured {report['measured_ms']:.4g} ms (error {report['error']:.1%})"
     console.print(line)
+    if report["device_note"]:
+        print(f"tunecore: note: {report['device_note']}", file=sys.stderr)
     return 0

@@ -214,6 +214,13 @@ def test_train_command_reports_held_out_error_and_predict_uses_its_weights(slice
     assert len(report["tasks"]) == 2 and report["measured"] == 6 and report["programs"] >= 5
     assert report["device_id"] in Dataset.load(slice_path).devices
     assert report["device_id"] in json.loads(torch.load(adapted, weights_only=True)["metadata"])["adapters"]
+    # predictions for a device the weights never learned from say so (stderr, and in the JSON); adapted, they do not
+    before = run_cli("predict", "--model", "op:matmul-64", "--store", "memory:", "--target", new_device,
+                     "-O", f"cdmpp.weights={weights}")
+    assert before.returncode == 0 and "note: cdmpp never learned from this device" in before.stderr
+    after = cli_json(run_cli("predict", "--model", "op:matmul-64", "--store", "memory:", "--target", new_device,
+                             "-O", f"cdmpp.weights={adapted}", "--json"))
+    assert after["device_note"] is None
 
     assert_one_line_exit_2(run_cli("cdmpp", "train", "--dataset", slice_path, "--split", "workload:zoo:nothing",
                                    "-o", weights), "zoo:nothing")

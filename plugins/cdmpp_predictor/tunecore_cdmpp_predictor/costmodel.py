@@ -72,6 +72,18 @@ class CDMPPModel(CostModel):
         except ValueError as error:
             raise UsageError(f"cost model 'cdmpp': {error}") from None
 
+    def device_note(self, device: dict[str, Any]) -> str | None:
+        from tunecore.targets import device_id
+
+        trained_on = self.predictor.trained_on
+        known = {*trained_on.get("devices", {}), *trained_on.get("adapted", {}), *self.predictor.net.adapters,
+                 *self.own_devices, *(key[2] for key in self.pool)}
+        if not self.predictor.trained or device_id(device) in known:
+            return None
+        return ("cdmpp never learned from this device: on a CPU it has not seen, its predictions can be several "
+                "times off; measure a few of its programs and fine-tune for it first: `tunecore cdmpp adapt "
+                "--target TARGET --dataset DATASET -o adapted.pt`, then -O cdmpp.weights=adapted.pt")
+
     # the device asked about
 
     @property
