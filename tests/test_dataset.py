@@ -169,8 +169,10 @@ def test_costmodel_eval_prints_every_metric(collected):
     floor = result["references"]["per-task constant (floor)"]
     assert floor["spearman"] == 0.0 and 0 <= floor["mape"] < 1
     table = run_cli("costmodel", "eval", "--dataset", str(path), "--cost-model", "none", "--split", "cdmpp:4",
-                    env={"COLUMNS": "400"})  # wide enough that no name wraps
+                    env={"COLUMNS": ""})  # piped: the table keeps its natural width, nothing is cut
     assert table.returncode == 0 and "per-task constant (floor)" in table.stdout, table.stderr
+    assert all(metric.replace("_", " ") in table.stdout for metric in METRICS) and "…" not in table.stdout
+    assert "groups ranked: those with >= 2 programs" in table.stdout
     filtered = cli_json(run_cli("costmodel", "eval", "--dataset", str(path), "--cost-model", "none", "--split",
                                 "cdmpp:2", "--max-spread", "1", "--min-programs", "2", "--json"))
     assert filtered["split"] == "cdmpp:2+max-spread:1+min-programs:2"

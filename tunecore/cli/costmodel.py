@@ -61,7 +61,7 @@ def print_table(result: dict[str, Any]) -> None:
     columns = list(dict.fromkeys(k for metrics in models.values() for k in metrics))
     table = Table(title=f"split {result['split']}: train {result['train']['measurements']} measurements, "
                         f"test {result['test']['measurements']} programs in {result['test']['groups']} task x device "
-                        "groups")
+                        "groups (groups ranked: those with >= 2 programs that ran)")
     table.add_column("cost model")
     for column in columns:
         table.add_column(column.replace("_", " "), justify="right")

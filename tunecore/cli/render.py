@@ -13,8 +13,9 @@ def console(stderr: bool = False) -> Any:
     from rich.console import Console
 
     stream = sys.stderr if stderr else sys.stdout
-    # rich assumes 80 columns when writing to a file or pipe; task names need more to stay readable
-    width = None if stream.isatty() or os.environ.get("COLUMNS") else 120
+    # rich assumes 80 columns when writing to a file or pipe and cuts wide tables to fit: there, nothing is cut
+    # (tables take their natural width, lines stay whole for grep)
+    width = None if stream.isatty() or os.environ.get("COLUMNS") else 1000
     return Console(stderr=stderr, width=width)
 
 
