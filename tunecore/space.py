@@ -124,6 +124,22 @@ class DesignSpace:
         decisions = {inst: trace.get_decision(inst) for inst in insts if trace.get_decision(inst) is not None}
         return Trace([*insts, Instruction(InstructionKind.get("EnterPostproc"), [], [], [])], decisions)
 
+    def mutate(self, trace: Any, mutator: Any, seed: int, postprocs: list | None = None,
+               attempts: int = 4) -> Any | None:
+        """A schedule of this task from ``trace`` changed by ``mutator`` (one of ``mutators()``), reproducibly: the
+        same trace, mutator and seed give the same schedule. A mutation that fails or gives an invalid program is
+        tried again with the next seed, up to ``attempts`` times; None if none worked."""
+        from tvm.s_tir.meta_schedule import _ffi_api  # Mutator.apply takes no seed: its random state is global
+
+        for attempt in range(attempts):
+            attempt_seed = int((seed + attempt * 7919) % (2**31 - 1)) or 1
+            mutated = _ffi_api.MutatorApply(mutator, trace, attempt_seed)
+            if mutated is not None:
+                sch = self.apply(mutated, seed=attempt_seed, postprocs=postprocs)
+                if sch is not None:
+                    return sch
+        return None
+
     def mutators(self) -> list[tuple[Any, float]]:
         """The target's mutators (tile size, parallel, unroll, compute location...) with their probabilities."""
         probs = self.context.space_generator.mutator_probs or {}

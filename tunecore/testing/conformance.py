@@ -113,11 +113,20 @@ class SearchPolicyConformance(_Suite):
             policy.observe(task, candidates, results)
 
     def test_same_seed_same_proposals(self, component_name: str, task: Task) -> None:
+        """Also after observing results: a policy whose later rounds draw from an unseeded source fails here."""
+        from tunecore.testing.helpers import InstantMeasurer
+
         keys = []
         for _ in range(2):
             policy = self.make_policy(component_name, seed=7)
             self._start(policy, task, seed=7)
-            keys.append([c.key for c in policy.propose(task, 6)])
+            rounds = []
+            for _ in range(3):
+                candidates = policy.propose(task, 6)
+                rounds.append([c.key for c in candidates])
+                if candidates:
+                    policy.observe(task, candidates, InstantMeasurer(task.target).measure(task, candidates))
+            keys.append(rounds)
         assert keys[0] == keys[1]
 
 

@@ -210,16 +210,9 @@ class AnsorSearch(SearchPolicy):
             parent = population[parents[i]]
             if not mutate[i]:
                 return parent
-            from tvm.s_tir.meta_schedule import _ffi_api
-
-            for attempt in range(4):
-                seed = int((seeds[i] + attempt * 7919) % (2**31 - 1)) or 1
-                trace = _ffi_api.MutatorApply(mutators[which[i]][0], parent.trace, seed)
-                if trace is not None:
-                    sch = state.space.apply(trace, seed=seed, postprocs=self._postprocs(state))
-                    if sch is not None:
-                        return _keyed(Candidate.from_schedule(task, sch, origin=f"{self.name}:evolve"))
-            return parent
+            sch = state.space.mutate(parent.trace, mutators[which[i]][0], int(seeds[i]),
+                                     postprocs=self._postprocs(state))
+            return parent if sch is None else _keyed(Candidate.from_schedule(task, sch, origin=f"{self.name}:evolve"))
 
         children = self._map(child, list(range(size)))
         for i, c in enumerate(children):
