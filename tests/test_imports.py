@@ -89,3 +89,36 @@ def test_the_cycle_finder_finds_cycles():
     assert find_cycle({"a": {"b"}, "b": set()}) is None
     graph = import_graph()
     assert "tunecore.data" in graph["tunecore.roles"] and "tunecore.tvmjson" in graph["tunecore.data"]
+
+
+PUBLIC = ("tunecore", "tunecore.interfaces", "tunecore.targets", "tunecore.dataset", "tunecore.cli")
+PLUGINS = PACKAGE.parent / "plugins"
+
+
+def plugin_imports() -> list[tuple[str, str, str | None]]:
+    """(file, tunecore module, imported name or None) for every import of tunecore in the shipped plugins' code,
+    at module level and inside functions alike."""
+    found = []
+    for path in sorted(PLUGINS.glob("*/tunecore_*/**/*.py")):
+        where = str(path.relative_to(PLUGINS))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found += [(where, a.name, None) for a in node.names if a.name.split(".")[0] == "tunecore"]
+            elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "tunecore":
+                found += [(where, node.module, a.name) for a in node.names]
+    return found
+
+
+def test_shipped_plugins_use_the_public_surface_only():
+    """A plugin imports from the public modules only (tunecore.interfaces says which), and only the names their
+    ``__all__`` lists: a refactor of anything else cannot break a plugin."""
+    import importlib
+
+    imports = plugin_imports()
+    assert len(imports) > 50  # the finder finds them
+    internal = sorted({f"{where}: {module}" for where, module, _ in imports if module not in PUBLIC})
+    assert not internal, f"plugins import internal modules: {internal}"
+    unlisted = sorted({f"{where}: {module}.{name}" for where, module, name in imports
+                       if name is not None and name not in importlib.import_module(module).__all__})
+    assert not unlisted, f"plugins import names the public modules do not export: {unlisted}"
+    assert len(PUBLIC) <= 5

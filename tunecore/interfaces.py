@@ -1,11 +1,16 @@
-"""The public names a plugin needs, in one place: the data of the tuning loop, the four roles and option checks.
+"""What a plugin may import from tunecore's core, besides ``tunecore.hookimpl``: the data of the tuning loop, the
+roles, the design space, option checks, seeds, errors, program features and TVM helpers.
 
-The definitions live in ``tunecore.data`` (tasks, candidates, results, records), ``tunecore.roles``
-(the role base classes) and ``tunecore.options``; this module re-exports them so that plugins and
-docs have one stable import path.
+Plugins import from five public modules only: ``tunecore`` (``hookimpl``), this one, ``tunecore.targets`` (device
+identity and descriptors), ``tunecore.dataset`` (program datasets and the yardstick) and ``tunecore.cli`` (a
+plugin's own commands). Every other module is internal and may change between versions; ``tests/test_imports.py``
+fails when a shipped plugin imports one, or a name a public module does not list in its ``__all__``.
 """
 
 from tunecore.data import Candidate, MeasureResult, Record, Task, distinct
+from tunecore.errors import MeasurerUnavailable, UsageError, error_line
+from tunecore.features import N_DEVICE_FEATURES, N_FEATURES, PerStoreFeatures, device_features, program_row
+from tunecore.measure.local import LocalBuilder
 from tunecore.options import check_options, is_int, is_number
 from tunecore.roles import (
     ROLE_LABELS,
@@ -21,9 +26,14 @@ from tunecore.roles import (
     SearchPolicy,
     TaskContext,
 )
+from tunecore.space import DesignSpace
+from tunecore.tuner import derive_seed
+from tunecore.tvmjson import new_schedule, replay_trace_json, target_from_json, to_plain
 
 __all__ = [
-    "ROLES", "ROLE_LABELS", "Artifact", "Builder", "Candidate", "Component", "CostModel", "MeasureResult", "Measurer",
-    "Profiler", "Record", "RecordStore", "Runner", "SearchPolicy", "Task", "TaskContext", "check_options", "distinct",
-    "is_int", "is_number",
+    "N_DEVICE_FEATURES", "N_FEATURES", "ROLES", "ROLE_LABELS", "Artifact", "Builder", "Candidate", "Component",
+    "CostModel", "DesignSpace", "LocalBuilder", "MeasureResult", "Measurer", "MeasurerUnavailable",
+    "PerStoreFeatures", "Profiler", "Record", "RecordStore", "Runner", "SearchPolicy", "Task", "TaskContext",
+    "UsageError", "check_options", "derive_seed", "device_features", "distinct", "error_line", "is_int",
+    "is_number", "new_schedule", "program_row", "replay_trace_json", "target_from_json", "to_plain",
 ]

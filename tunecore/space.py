@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Collection
 
 import numpy as np
 
@@ -70,6 +70,25 @@ class DesignSpace:
             sketch_index = int(rng.integers(len(self.sketches)))
         return self.apply(self.sketches[sketch_index].trace, keep_decisions=False,
                           seed=int(rng.integers(1, 2**31 - 1)), postprocs=postprocs)
+
+    def sample_new(self, n: int, exclude: Collection[str], origin: str, max_misses: int = 64) -> list[Any]:
+        """Up to ``n`` distinct uniform samples as candidates, none whose key is in ``exclude`` (what was measured).
+        Fewer when ``max_misses`` samples in a row come out invalid or seen: the space holds (almost) no more."""
+        from tunecore.data import Candidate
+
+        seen = set(exclude)
+        out: list[Candidate] = []
+        misses = 0
+        while len(out) < n and misses < max_misses:
+            sch = self.sample()
+            candidate = Candidate.from_schedule(self.task, sch, origin=origin) if sch is not None else None
+            if candidate is None or candidate.key in seen:
+                misses += 1
+                continue
+            misses = 0
+            seen.add(candidate.key)
+            out.append(candidate)
+        return out
 
     def apply(self, trace: Any, keep_decisions: bool = True, seed: int | None = None,
               postprocs: list | None = None) -> Any | None:

@@ -16,6 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from tunecore.errors import UsageError
 
+# public (see tunecore.interfaces): what plugins may import from this module
+__all__ = ["data_caches", "device_descriptor", "device_id", "host_target", "physical_cores", "resolve_target"]
+
 if TYPE_CHECKING:
     import tvm
 

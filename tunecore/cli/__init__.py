@@ -13,6 +13,10 @@ import sys
 from typing import Callable, Sequence
 
 from tunecore.errors import MeasurerUnavailable, PluginError, UsageError
+from tunecore.options import parse_options
+
+# public (see tunecore.interfaces): what a plugin's commands may use; ``render`` is tunecore.cli.render
+__all__ = ["Parser", "build_parser", "main", "parse_options", "render"]
 
 Handler = Callable[[argparse.Namespace], int]  # runs a command; returns its exit code
 

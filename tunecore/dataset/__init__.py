@@ -1,5 +1,13 @@
 """Program datasets (TenSet's role): measured programs of many workloads' tasks on several devices.
 
 ``table``: the in-memory dataset and its file format; ``collect``: measuring programs into it;
-``split``: train/test splits; ``evaluate``: the yardstick every cost model is judged by.
+``split``: train/test splits; ``evaluate``: the yardstick every cost model is judged by. This package is public
+(see tunecore.interfaces): plugins import what ``__all__`` lists from it, not from its modules.
 """
+
+from tunecore.dataset.collect import remeasure
+from tunecore.dataset.evaluate import held_out_metrics, measured_groups
+from tunecore.dataset.split import device_of, split
+from tunecore.dataset.table import Dataset, Measurement
+
+__all__ = ["Dataset", "Measurement", "device_of", "held_out_metrics", "measured_groups", "remeasure", "split"]

@@ -178,7 +178,7 @@ class AnsorSearch(SearchPolicy):
         return distinct([c for c in self._map(sample, seeds) if c is not None])[:count]
 
     def _replay(self, traces: list[str], state: _TaskState, task: Task) -> list[Candidate]:
-        from tunecore.tvmjson import replay_trace_json
+        from tunecore.interfaces import replay_trace_json
 
         seeds = state.rng.integers(1, 2**31 - 1, size=len(traces)).tolist()
 

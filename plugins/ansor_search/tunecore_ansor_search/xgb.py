@@ -21,8 +21,17 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tunecore.features import PerStoreFeatures, program_row
-from tunecore.interfaces import Candidate, CostModel, MeasureResult, Task, check_options, is_int, is_number
+from tunecore.interfaces import (
+    Candidate,
+    CostModel,
+    MeasureResult,
+    PerStoreFeatures,
+    Task,
+    check_options,
+    is_int,
+    is_number,
+    program_row,
+)
 
 _FORMAT = "tunecore-xgb"
 

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from tunecore.cli import Parser, render
-from tunecore.errors import UsageError
+from tunecore.interfaces import UsageError
 
 
 def add_commands(register: Any) -> None:
@@ -49,9 +49,7 @@ def cmd_cdmpp(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from tunecore.dataset.evaluate import held_out_metrics, measured_groups
-    from tunecore.dataset.split import device_of, split
-    from tunecore.dataset.table import Dataset
+    from tunecore.dataset import Dataset, device_of, held_out_metrics, measured_groups, split
     from tunecore_cdmpp_predictor.costmodel import CDMPPModel
 
     dataset = Dataset.load(args.dataset)
@@ -89,10 +87,8 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _adapt(args: argparse.Namespace) -> int:
-    from tunecore.dataset.collect import remeasure
-    from tunecore.dataset.evaluate import measured_groups
-    from tunecore.dataset.table import Dataset
-    from tunecore.options import parse_options
+    from tunecore.cli import parse_options
+    from tunecore.dataset import Dataset, measured_groups, remeasure
     from tunecore.targets import device_descriptor, resolve_target
     from tunecore_cdmpp_predictor.adapt import first_programs_per_task, select_tasks
     from tunecore_cdmpp_predictor.costmodel import CDMPPModel

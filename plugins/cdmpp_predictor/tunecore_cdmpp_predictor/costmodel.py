@@ -19,9 +19,17 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from tunecore.errors import UsageError
-from tunecore.features import device_features
-from tunecore.interfaces import Candidate, CostModel, MeasureResult, Task, check_options, is_int, is_number
+from tunecore.interfaces import (
+    Candidate,
+    CostModel,
+    MeasureResult,
+    Task,
+    UsageError,
+    check_options,
+    device_features,
+    is_int,
+    is_number,
+)
 from tunecore_cdmpp_predictor.features import CompactAST, CompactASTs
 
 _MIN_STEPS = 200

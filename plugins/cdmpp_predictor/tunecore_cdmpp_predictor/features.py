@@ -23,8 +23,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tunecore.data import Candidate, Task
-from tunecore.features import PerStoreFeatures
+from tunecore.interfaces import Candidate, PerStoreFeatures, Task
 
 _LAYOUT_REWRITE = "meta_schedule.layout_rewrite_preproc"
 _CONSTANTS = ("IntImm", "FloatImm")

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tunecore.features import N_DEVICE_FEATURES, N_FEATURES
+from tunecore.interfaces import N_DEVICE_FEATURES, N_FEATURES
 from tunecore_cdmpp_predictor.features import CompactAST, positional_encoding
 
 FORMAT = "tunecore-cdmpp"

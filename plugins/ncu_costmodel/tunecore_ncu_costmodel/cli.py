@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from tunecore.cli import Parser, render
-from tunecore.errors import UsageError
+from tunecore.interfaces import UsageError
 
 
 def add_commands(register: Any) -> None:

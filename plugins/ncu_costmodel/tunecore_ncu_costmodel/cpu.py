@@ -29,7 +29,7 @@ import tempfile
 import time
 from typing import Any, Sequence
 
-from tunecore.errors import UsageError
+from tunecore.interfaces import UsageError
 
 # callgrind event -> metric; summed where two events make one metric
 CALLGRIND_METRICS = {

@@ -30,8 +30,19 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tunecore.features import N_DEVICE_FEATURES, PerStoreFeatures, device_features, program_row
-from tunecore.interfaces import Candidate, CostModel, MeasureResult, Task, check_options, is_int, is_number
+from tunecore.interfaces import (
+    N_DEVICE_FEATURES,
+    Candidate,
+    CostModel,
+    MeasureResult,
+    PerStoreFeatures,
+    Task,
+    check_options,
+    device_features,
+    is_int,
+    is_number,
+    program_row,
+)
 from tunecore_ncu_costmodel import cpu, ncu_csv
 
 _FORMAT = "tunecore-ncu"
@@ -355,7 +366,7 @@ def _roofline(metrics: np.ndarray, names: list[str], log_flops: np.ndarray, devi
 
 def _oracle_metrics(path: str) -> dict[tuple[str, str], dict[str, float]]:
     """(task key, program key) -> the measured feature metrics a dataset file holds."""
-    from tunecore.dataset.table import Dataset
+    from tunecore.dataset import Dataset
 
     out = {}
     for row in Dataset.load(path).rows:

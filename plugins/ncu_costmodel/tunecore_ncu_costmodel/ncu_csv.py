@@ -21,7 +21,7 @@ import io
 import re
 import shutil
 
-from tunecore.errors import UsageError
+from tunecore.interfaces import UsageError
 
 # The study's metric set (summerspringwei/tvm_oraa, ncu_metrics_utils.py), by group; what the profiler asks ncu for.
 STUDY_METRICS = (

@@ -15,8 +15,7 @@ import sys
 import time
 from typing import Any, Callable, Sequence
 
-from tunecore.data import MeasureResult, Task
-from tunecore.roles import Artifact, Profiler
+from tunecore.interfaces import Artifact, MeasureResult, Profiler, Task
 from tunecore_ncu_costmodel import cpu, ncu_csv
 
 EVERY = 8
@@ -106,13 +105,9 @@ def profile_dataset(path: str, *, limit: int, per_task: int | None = None, workl
     import numpy as np
     import tvm
 
-    from tunecore.data import Candidate
-    from tunecore.dataset.split import device_of
-    from tunecore.dataset.table import Dataset
-    from tunecore.errors import UsageError
-    from tunecore.measure.local import LocalBuilder
+    from tunecore.dataset import Dataset, device_of
+    from tunecore.interfaces import Candidate, LocalBuilder, UsageError, target_from_json
     from tunecore.targets import device_descriptor, device_id
-    from tunecore.tvmjson import target_from_json
 
     cpu.check_tools()
     dataset = Dataset.load(path)

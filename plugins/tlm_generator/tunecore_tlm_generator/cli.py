@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from tunecore.cli import Parser, render
-from tunecore.errors import UsageError
+from tunecore.interfaces import UsageError
 
 _CHECKPOINT_EVERY = 100
 
@@ -57,7 +57,7 @@ def cmd_tlm(args: argparse.Namespace) -> int:
 
 
 def _pairs(args: argparse.Namespace) -> tuple[Any, list]:
-    from tunecore.dataset.table import Dataset
+    from tunecore.dataset import Dataset
     from tunecore_tlm_generator.training import task_targets
 
     dataset = Dataset.load(args.dataset)
@@ -127,7 +127,7 @@ def _pretrain(args: argparse.Namespace) -> int:
 def _finetune(args: argparse.Namespace) -> int:
     import torch
 
-    from tunecore.dataset.split import device_of
+    from tunecore.dataset import device_of
     from tunecore.targets import physical_cores
     from tunecore_tlm_generator import model as lm
     from tunecore_tlm_generator.search import SHIPPED_BASE

@@ -19,14 +19,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tunecore.builtin.random_search import RandomSearch
-from tunecore.errors import UsageError
 from tunecore.interfaces import (
     Candidate,
     MeasureResult,
     SearchPolicy,
     Task,
     TaskContext,
+    UsageError,
     check_options,
     is_int,
     is_number,
@@ -87,7 +86,6 @@ class TLMSearch(SearchPolicy):
         self.generator = torch.Generator().manual_seed(self.seed)
         self.rng = np.random.default_rng(self.seed)
         self.tasks: dict[str, _TaskState] = {}
-        self.random = RandomSearch(cost_model=self.cost_model, store=self.store, seed=self.seed)  # what it cannot write
         self.unlearned = 0  # measurements since the model last learned
         self.online_updates = 0
 
@@ -111,7 +109,6 @@ class TLMSearch(SearchPolicy):
             state.prompts.append(prompt)
         if not any(p.slots for p in state.prompts):
             state.fallback = reasons[0] if reasons else "no decisions to make"
-            self.random.start_task(context)
             return
         for record in context.history:
             if record.latency is None:
@@ -125,8 +122,8 @@ class TLMSearch(SearchPolicy):
 
     def propose(self, task: Task, n: int) -> list[Candidate]:
         state = self.tasks[task.task_id]
-        if state.fallback is not None:
-            return self.random.propose(task, n)
+        if state.fallback is not None:  # what it cannot write, it samples
+            return state.context.space.sample_new(n, state.context.measured, origin="random")
         want = n * self.oversample if self.cost_model.name != "none" else n
         found: dict[str, Candidate] = {}
         for _ in range(_RETRIES):
@@ -211,7 +208,7 @@ class TLMSearch(SearchPolicy):
 
 def _decisions_of(sch: Any, prompt: Any, written: list[Any]) -> list[Any]:
     """The decisions the program was made with (a relocated compute location differs from what was written)."""
-    from tunecore.tvmjson import to_plain
+    from tunecore.interfaces import to_plain
     from tunecore_tlm_generator.sentences import decisions_in
 
     return decisions_in(to_plain(sch.trace.as_json(remove_postproc=True)), prompt) or written

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
-from tunecore.tvmjson import to_plain
+from tunecore.interfaces import to_plain
 from tunecore_tlm_generator.sentences import (
     SAMPLING,
     SketchPrompt,

@@ -31,7 +31,7 @@ class Sketches:
 
     def of(self, dataset_task: Any, target_json: str) -> tuple[Any, list[SketchPrompt], list[str]]:
         """(design space, prompts, why the other sketches cannot be written)."""
-        from tunecore.space import DesignSpace
+        from tunecore.interfaces import DesignSpace
         from tunecore_tlm_generator.sketches import probe
 
         key = (dataset_task.key, target_json)
@@ -50,7 +50,7 @@ class Sketches:
 def random_programs(sketches: Sketches, pairs: Sequence[tuple[Any, str]], per_sketch: int, seed: int,
                     threads: int, on_task: Callable[[], None] | None = None) -> list[tuple[SketchPrompt, list[Any]]]:
     """``per_sketch`` unlabeled programs (decisions TVM's samplers made) of every sketch of every task."""
-    from tunecore.tuner import derive_seed
+    from tunecore.interfaces import derive_seed
     from tunecore_tlm_generator.sketches import sampled_decisions
 
     out: list[tuple[SketchPrompt, list[Any]]] = []

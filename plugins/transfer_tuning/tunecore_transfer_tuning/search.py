@@ -104,7 +104,7 @@ class TransferSearch(SearchPolicy):
         self._teach(donors)
         untuned = None
         if self.untuned:
-            from tunecore.tvmjson import new_schedule
+            from tunecore.interfaces import new_schedule
 
             untuned = Candidate.from_schedule(task, new_schedule(task.mod), origin="untuned")
         ranked = self._rank(task, self._pairs(state, donors, exclude={untuned.key} if untuned else set()))
@@ -139,7 +139,7 @@ class TransferSearch(SearchPolicy):
     def _donor_space(self, donor: Task) -> Any:
         """The donor's design space: its records' postprocessing is cut off by it, not by this task's."""
         if donor.task_id not in self.donor_spaces:
-            from tunecore.space import DesignSpace
+            from tunecore.interfaces import DesignSpace
 
             self.donor_spaces[donor.task_id] = DesignSpace(donor)
         return self.donor_spaces[donor.task_id]
