@@ -104,7 +104,7 @@ def plugin_imports() -> list[tuple[str, str, str | None]]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 found += [(where, a.name, None) for a in node.names if a.name.split(".")[0] == "tunecore"]
-            elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "tunecore":
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module.split(".")[0] == "tunecore":
                 found += [(where, node.module, a.name) for a in node.names]
     return found
 

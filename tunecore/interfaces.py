@@ -1,5 +1,5 @@
 """What a plugin may import from tunecore's core, besides ``tunecore.hookimpl``: the data of the tuning loop, the
-roles, the design space, option checks, seeds, errors, program features and TVM helpers.
+roles, the design space, option checks, seeds, errors, program features, model files and TVM helpers.
 
 Plugins import from five public modules only: ``tunecore`` (``hookimpl``), this one, ``tunecore.targets`` (device
 identity and descriptors), ``tunecore.dataset`` (program datasets and the yardstick) and ``tunecore.cli`` (a
@@ -11,6 +11,7 @@ from tunecore.data import Candidate, MeasureResult, Record, Task, distinct
 from tunecore.errors import MeasurerUnavailable, UsageError, error_line
 from tunecore.features import N_DEVICE_FEATURES, N_FEATURES, PerStoreFeatures, device_features, program_row
 from tunecore.measure.local import LocalBuilder
+from tunecore.modelfile import load_model_json, load_model_torch, save_model_json, save_model_torch
 from tunecore.options import check_options, is_int, is_number
 from tunecore.roles import (
     ROLE_LABELS,
@@ -31,9 +32,10 @@ from tunecore.tuner import derive_seed
 from tunecore.tvmjson import new_schedule, replay_trace_json, target_from_json, to_plain
 
 __all__ = [
-    "N_DEVICE_FEATURES", "N_FEATURES", "ROLES", "ROLE_LABELS", "Artifact", "Builder", "Candidate", "Component",
-    "CostModel", "DesignSpace", "LocalBuilder", "MeasureResult", "Measurer", "MeasurerUnavailable",
-    "PerStoreFeatures", "Profiler", "Record", "RecordStore", "Runner", "SearchPolicy", "Task", "TaskContext",
-    "UsageError", "check_options", "derive_seed", "device_features", "distinct", "error_line", "is_int",
-    "is_number", "new_schedule", "program_row", "replay_trace_json", "target_from_json", "to_plain",
+    "Artifact", "Builder", "Candidate", "Component", "CostModel", "DesignSpace", "LocalBuilder", "MeasureResult",
+    "Measurer", "MeasurerUnavailable", "N_DEVICE_FEATURES", "N_FEATURES", "PerStoreFeatures", "Profiler", "ROLES",
+    "ROLE_LABELS", "Record", "RecordStore", "Runner", "SearchPolicy", "Task", "TaskContext", "UsageError",
+    "check_options", "derive_seed", "device_features", "distinct", "error_line", "is_int", "is_number",
+    "load_model_json", "load_model_torch", "new_schedule", "program_row", "replay_trace_json", "save_model_json",
+    "save_model_torch", "target_from_json", "to_plain",
 ]

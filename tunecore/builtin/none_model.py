@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tunecore.modelfile import load_model_json, save_model_json
 from tunecore.roles import CostModel
 
 
@@ -18,8 +19,7 @@ class NoneModel(CostModel):
         return np.zeros(len(candidates))
 
     def save(self, path: str) -> None:
-        with open(path, "w") as f:
-            f.write('{"cost_model": "none"}\n')
+        save_model_json(path, "none", 1, {})
 
     def load(self, path: str) -> None:
-        pass
+        load_model_json(path, "none", 1)  # nothing to read, but a file of another model is still a mistake

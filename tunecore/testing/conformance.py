@@ -202,6 +202,26 @@ class CostModelConformance(_Suite):
         np.testing.assert_allclose(loaded.predict(task, candidates), model.predict(task, candidates), rtol=1e-5,
                                    atol=1e-6)
 
+    def test_a_foreign_file_is_a_one_line_error(self, component_name: str, tmp_path: Any) -> None:
+        """Another model's file, another program's file and a missing file: a UsageError naming the path, on one
+        line (what the command line prints), never a traceback or a silently wrong model."""
+        from tunecore.errors import UsageError
+        from tunecore.modelfile import save_model_json
+
+        model = self.make_model(component_name)
+        try:
+            model.save(str(tmp_path / "own"))
+        except NotImplementedError:
+            pytest.skip("this cost model does not save")
+        other = "none" if component_name != "none" else "another"
+        save_model_json(str(tmp_path / "other-model"), other, 1, {})
+        (tmp_path / "not-a-model").write_bytes(bytes(range(256)) * 4)
+        for name in ("other-model", "not-a-model", "missing"):
+            path = str(tmp_path / name)
+            with pytest.raises(UsageError) as error:
+                model.load(path)
+            assert path in str(error.value) and "\n" not in str(error.value), str(error.value)
+
 
 def rank_correlation(a: Any, b: Any) -> float:
     """Spearman's correlation (ties share their average rank); 0 when either side is constant."""

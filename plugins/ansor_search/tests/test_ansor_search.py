@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import tunecore_ansor_search  # noqa: F401  (a missing plugin fails here, it is not skipped)
-from tunecore.interfaces import CostModel, MeasureResult, TaskContext
+from tunecore.interfaces import CostModel, MeasureResult, TaskContext, UsageError
 from tunecore.registry import Registry
 from tunecore.space import DesignSpace
 from tunecore.store.sqlite import MemoryStore
@@ -179,7 +179,7 @@ def test_xgb_saves_json_without_pickle_and_predicts_the_same_after_loading(matmu
 
     other = tmp_path / "other.json"
     other.write_text(json.dumps({"format": "something-else"}))
-    with pytest.raises(ValueError, match="not a tunecore xgb model"):
+    with pytest.raises(UsageError, match="not a tunecore xgb model file"):
         fresh.load(str(other))
 
 

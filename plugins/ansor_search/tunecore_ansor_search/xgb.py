@@ -30,10 +30,10 @@ from tunecore.interfaces import (
     check_options,
     is_int,
     is_number,
+    load_model_json,
     program_row,
+    save_model_json,
 )
-
-_FORMAT = "tunecore-xgb"
 
 
 class XGBModel(CostModel):
@@ -142,17 +142,12 @@ class XGBModel(CostModel):
 
     def save(self, path: str) -> None:
         booster = None if self.booster is None else json.loads(bytes(self.booster.save_raw("json")).decode())
-        with open(path, "w") as f:
-            json.dump({"format": _FORMAT, "version": 1, "objective": self.objective, "params": self.params,
-                       "booster": booster}, f)
+        save_model_json(path, "xgb", 1, {"objective": self.objective, "params": self.params, "booster": booster})
 
     def load(self, path: str) -> None:
         import xgboost as xgb
 
-        with open(path) as f:
-            saved = json.load(f)
-        if saved.get("format") != _FORMAT:
-            raise ValueError(f"{path}: not a tunecore xgb model")
+        saved = load_model_json(path, "xgb", 1)
         self.objective = saved["objective"]
         self.booster = None
         if saved["booster"] is not None:

@@ -17,6 +17,7 @@ from tunecore.data import MeasureResult
 from tunecore.dataset.evaluate import measured_groups
 from tunecore.dataset.table import Dataset
 from tunecore.features import device_features
+from tunecore.interfaces import UsageError
 from tunecore.testing import CostModelConformance, sample_candidates
 from tunecore.testing.cli import assert_one_line_exit_2, cli_json, run_cli
 
@@ -127,9 +128,9 @@ def test_weights_round_trip_without_pickle_and_refuse_other_files(shipped, tmp_p
     not_a_model = str(tmp_path / "other.pt")
     with open(not_a_model, "w") as f:
         json.dump({"format": "tunecore-xgb"}, f)
-    for bad, message in ((other_version, "version 9"), (not_a_model, "not a tunecore cdmpp model"),
+    for bad, message in ((other_version, "version 9"), (not_a_model, "not a tunecore cdmpp model file"),
                          (str(tmp_path / "missing.pt"), "no such file")):
-        with pytest.raises(ValueError, match=message):
+        with pytest.raises(UsageError, match=message):
             Predictor.load(bad)
         assert_one_line_exit_2(
             run_cli("predict", "--model", "op:matmul-64", "--store", "memory:", "-O", f"cdmpp.weights={bad}"), message)

@@ -77,7 +77,7 @@ class CDMPPModel(CostModel):
             return Predictor(seed=self.seed)
         try:
             return Predictor.load(path)
-        except ValueError as error:
+        except (ValueError, UsageError) as error:
             raise UsageError(f"cost model 'cdmpp': {error}") from None
 
     def device_note(self, device: dict[str, Any]) -> str | None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import math
 from typing import Any, Callable, Sequence
 
@@ -27,10 +26,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from tunecore.interfaces import N_DEVICE_FEATURES, N_FEATURES
+from tunecore.interfaces import N_DEVICE_FEATURES, N_FEATURES, UsageError, load_model_torch, save_model_torch
 from tunecore_cdmpp_predictor.features import CompactAST, positional_encoding
 
-FORMAT = "tunecore-cdmpp"
 VERSION = 1
 
 
@@ -253,35 +251,22 @@ class Predictor:
     # the file
 
     def save(self, path: str) -> None:
-        metadata = {"format": FORMAT, "version": VERSION, "architecture": dataclasses.asdict(self.arch),
+        metadata = {"architecture": dataclasses.asdict(self.arch),
                     "normalizer": None if self.normalizer is None else dataclasses.asdict(self.normalizer),
                     "adapters": list(self.net.adapters), "trained_on": self.trained_on}
-        torch.save({"metadata": json.dumps(metadata), "state_dict": self.net.state_dict()}, path)
+        save_model_torch(path, "cdmpp", VERSION, metadata, self.net.state_dict())
 
     @classmethod
     def load(cls, path: str) -> Predictor:
-        """ValueError (one line) for a file that is not a cdmpp model of this version."""
-        try:
-            saved = torch.load(path, map_location="cpu", weights_only=True)
-        except FileNotFoundError:
-            raise ValueError(f"{path}: no such file") from None
-        except Exception as e:
-            raise ValueError(f"{path}: not a tunecore cdmpp model ({type(e).__name__})") from None
-        try:
-            metadata = json.loads(saved["metadata"])
-        except (TypeError, KeyError, ValueError):
-            raise ValueError(f"{path}: not a tunecore cdmpp model") from None
-        if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
-            raise ValueError(f"{path}: not a tunecore cdmpp model")
-        if metadata.get("version") != VERSION:
-            raise ValueError(f"{path}: cdmpp model version {metadata.get('version')}, this plugin reads {VERSION}")
+        """A UsageError (one line) for a file that is not a cdmpp model of this version."""
+        metadata, state_dict = load_model_torch(path, "cdmpp", VERSION)
         predictor = cls(Architecture(**metadata["architecture"]))
         for key in metadata.get("adapters", []):
             predictor.net.add_adapter(key)
         try:
-            predictor.net.load_state_dict(saved["state_dict"])
+            predictor.net.load_state_dict(state_dict)
         except (KeyError, RuntimeError) as e:
-            raise ValueError(f"{path}: weights do not fit the architecture it names ({str(e).splitlines()[0]})") \
+            raise UsageError(f"{path}: weights do not fit the architecture it names ({str(e).splitlines()[0]})") \
                 from None
         if metadata["normalizer"] is not None:
             predictor.normalizer = Normalizer(**metadata["normalizer"])

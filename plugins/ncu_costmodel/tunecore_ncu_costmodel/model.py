@@ -41,11 +41,12 @@ from tunecore.interfaces import (
     device_features,
     is_int,
     is_number,
+    load_model_json,
     program_row,
+    save_model_json,
 )
 from tunecore_ncu_costmodel import cpu, ncu_csv
 
-_FORMAT = "tunecore-ncu"
 _UNKNOWN_SECS = 1e9  # the prediction for a program the model cannot describe: last, and still a finite score
 _NOT_FEATURES = set(cpu.BOOKKEEPING) | {"cpu.failed", "ncu.kernels"}
 
@@ -310,19 +311,14 @@ class NcuModel(CostModel):
         def booster(b: Any) -> Any:
             return None if b is None else json.loads(bytes(b.save_raw("json")).decode())
 
-        with open(path, "w") as f:
-            json.dump({"format": _FORMAT, "version": 1, "metric_names": self.metric_names,
-                       "stage_b_metrics": self.stage_b_metrics, "static": self.static,
-                       "stage_a": {k: booster(b) for k, b in self.stage_a.items()},
-                       "stage_b": booster(self.stage_b)}, f)
+        save_model_json(path, "ncu", 1, {
+            "metric_names": self.metric_names, "stage_b_metrics": self.stage_b_metrics, "static": self.static,
+            "stage_a": {k: booster(b) for k, b in self.stage_a.items()}, "stage_b": booster(self.stage_b)})
 
     def load(self, path: str) -> None:
         import xgboost as xgb
 
-        with open(path) as f:
-            saved = json.load(f)
-        if saved.get("format") != _FORMAT:
-            raise ValueError(f"{path}: not a tunecore ncu model")
+        saved = load_model_json(path, "ncu", 1)
 
         def booster(raw: Any) -> Any:
             if raw is None:

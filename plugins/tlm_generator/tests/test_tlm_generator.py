@@ -235,7 +235,7 @@ def test_bad_weights_are_one_line_exit_2(tmp_path):
     text.write_text("not weights")
     result = run_cli("run", "--model", "op:matmul-64", "--search", "tlm", "-O", f"search.weights={text}",
                      "--trials", "4", "--store", str(tmp_path / "s.db"))
-    assert_one_line_exit_2(result, "not TLM weights")
+    assert_one_line_exit_2(result, "not a tunecore tlm model file")
     model, vocab, metadata = lm.load(os.path.join(os.path.dirname(lm.__file__), "weights", "tlm-cpu.pt"))
     other = tmp_path / "other.pt"
     lm.save(str(other), model, vocab, {})

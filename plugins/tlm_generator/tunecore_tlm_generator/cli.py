@@ -137,7 +137,7 @@ def _finetune(args: argparse.Namespace) -> int:
     path = SHIPPED_BASE if args.weights == "shipped-base" else args.weights
     try:
         model, vocab, metadata = lm.load(path)
-    except ValueError as error:
+    except UsageError as error:
         raise UsageError(f"--weights: {error}") from None
     dataset, pairs = _pairs(args)
     devices = {device_of(dataset, d.strip()) for d in args.devices.split(",")} if args.devices else None

@@ -10,7 +10,6 @@ cache API changes between releases for what ``scaled_dot_product_attention`` alr
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from typing import Any, Callable, Generator, Iterable, Sequence
 
@@ -19,9 +18,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from tunecore.interfaces import UsageError, load_model_torch, save_model_torch
 from tunecore_tlm_generator.sentences import BOS, EOS, PAD, SEP, SketchPrompt, Vocabulary
 
-FORMAT = "tunecore-tlm"
 FORMAT_VERSION = 1
 
 
@@ -281,33 +280,26 @@ def generate(model: GPT, vocab: Vocabulary, prompt: SketchPrompt, count: int, te
 
 def save(path: str, model: GPT, vocab: Vocabulary, info: dict[str, Any]) -> None:
     """Half-precision weights and JSON metadata; loads with ``torch.load(weights_only=True)``."""
-    metadata = {"format": FORMAT, "version": FORMAT_VERSION, "config": dataclasses.asdict(model.config),
-                "vocabulary": vocab.words, "fingerprint": vocab.fingerprint(), **info}
+    metadata = {"config": dataclasses.asdict(model.config), "vocabulary": vocab.words,
+                "fingerprint": vocab.fingerprint(), **info}
     state = {k: v.detach().to(torch.float16) for k, v in model.state_dict().items()}
-    torch.save({"metadata": json.dumps(metadata), "state_dict": state}, path)
+    save_model_torch(path, "tlm", FORMAT_VERSION, metadata, state)
 
 
 def load(path: str) -> tuple[GPT, Vocabulary, dict[str, Any]]:
-    """A model written by ``save``; ValueError (one line) for anything else."""
-    try:
-        blob = torch.load(path, map_location="cpu", weights_only=True)
-        metadata = json.loads(blob["metadata"])
-    except Exception as error:  # not a file, not torch's format, not ours
-        raise ValueError(f"{path}: not TLM weights ({type(error).__name__})") from None
-    if metadata.get("format") != FORMAT or metadata.get("version") != FORMAT_VERSION:
-        raise ValueError(f"{path}: weights of format {metadata.get('format')} v{metadata.get('version')}, "
-                         f"this plugin reads {FORMAT} v{FORMAT_VERSION}")
+    """A model written by ``save``; a UsageError (one line) for anything else."""
+    metadata, state_dict = load_model_torch(path, "tlm", FORMAT_VERSION)
     vocab = Vocabulary(metadata["vocabulary"])
     if vocab.fingerprint() != metadata.get("fingerprint"):
-        raise ValueError(f"{path}: weights for another vocabulary (its numbers or markers differ from this plugin's)")
+        raise UsageError(f"{path}: weights for another vocabulary (its numbers or markers differ from this plugin's)")
     config = Config(**metadata["config"])
     if config.vocab_size != len(vocab):
-        raise ValueError(f"{path}: the model has {config.vocab_size} tokens, its vocabulary {len(vocab)}")
+        raise UsageError(f"{path}: the model has {config.vocab_size} tokens, its vocabulary {len(vocab)}")
     model = GPT(config)
     try:
-        model.load_state_dict({k: v.to(torch.float32) for k, v in blob["state_dict"].items()})
+        model.load_state_dict({k: v.to(torch.float32) for k, v in state_dict.items()})
     except RuntimeError as error:
-        raise ValueError(f"{path}: weights do not fit the model they describe ({str(error)[:120]})") from None
+        raise UsageError(f"{path}: weights do not fit the model they describe ({str(error)[:120]})") from None
     model.eval()
     return model, vocab, metadata
 

@@ -77,7 +77,7 @@ class TLMSearch(SearchPolicy):
         path = {"shipped": SHIPPED, "shipped-base": SHIPPED_BASE}.get(weights, weights)
         try:
             self.model, self.vocab, self.metadata = lm.load(path)
-        except ValueError as error:
+        except UsageError as error:
             raise UsageError(f"search 'tlm': {error}") from None
         self.temperature, self.oversample = temperature, oversample
         self.online, self.online_every, self.online_steps = online, online_every, online_steps
