@@ -35,3 +35,12 @@ def test_a_cost_model_the_search_never_asks_is_a_note():
     assert notes(TuneConfig("op:matmul-64", search="random", cost_model="none")) == []
     (note,) = notes(TuneConfig("op:matmul-64", search="random", cost_model="xgb"))
     assert "search 'random' does not use a cost model" in note
+
+
+def test_library_errors_name_parameters_not_flags(tmp_path):
+    from tunecore.dataset.collect import CollectPlan, collect
+
+    with pytest.raises(UsageError, match="^per_task must be >= 1$"):
+        collect(str(tmp_path / "d.parquet"), CollectPlan(["op:matmul-64"], per_task=0))
+    with pytest.raises(UsageError, match="^trials must be >= 0$"):
+        tune("op:matmul-64", trials=-1, store="memory:")

@@ -64,7 +64,7 @@ def test_collect_takes_labels_by_the_protocol_on_one_thread_by_default(collected
     assert info["devices"][primary]["clean"] == sum(protocol.is_clean(r) for r in rows)
     assert len(dataset.collections) == 3 and {c["command"] for c in dataset.collections} == {"collect", "remeasure"}
     assert_one_line_exit_2(run_cli("dataset", "collect", "--model", "op:matmul-64", "--per-task", "1", "--out",
-                                   str(path), "--max-spread", "-1"), "--max-spread must be >= 0")
+                                   str(path), "--max-spread", "-1"), "argument --max-spread: expected a number >= 0")
 
 
 def test_second_labels_give_the_noise_ceiling(collected, tmp_path):
@@ -177,9 +177,9 @@ def test_costmodel_eval_prints_every_metric(collected):
                                 "cdmpp:2", "--max-spread", "1", "--min-programs", "2", "--json"))
     assert filtered["split"] == "cdmpp:2+max-spread:1+min-programs:2"
     assert_one_line_exit_2(run_cli("costmodel", "eval", "--dataset", str(path), "--cost-model", "none", "--split",
-                                   "cdmpp:2", "--min-programs", "0"), "--min-programs 0")
+                                   "cdmpp:2", "--min-programs", "0"), "argument --min-programs: expected an integer")
     assert_one_line_exit_2(run_cli("costmodel", "eval", "--dataset", str(path), "--cost-model", "none", "--split",
-                                   "cdmpp:2", "--group-size", "100"), "--group-size 100")
+                                   "cdmpp:2", "--group-size", "100"), "group size 100 (--group-size)")
     grouped = cli_json(run_cli("costmodel", "eval", "--dataset", str(path), "--cost-model", "none", "--split",
                                "workload:op:matmul-64", "--group-size", "4", "--json"))
     assert grouped["test"]["group_size"] == 4 and grouped["test"]["measurements"] == 4 * grouped["test"]["groups"]
@@ -414,7 +414,7 @@ def test_collect_kernels_takes_only_the_tasks_of_those_operators(tmp_path):
     path = tmp_path / "d.parquet"
     args = ["dataset", "collect", "--model", str(model), "--per-task", "2", "--out", str(path),
             "--random-fraction", "1", "--anchors", "0", "--json"]
-    assert_one_line_exit_2(run_cli(*args, "--kernels", "conv,"), "--kernels takes operator names")
+    assert_one_line_exit_2(run_cli(*args, "--kernels", "conv,"), "argument --kernels: expected a comma-separated")
     report = cli_json(run_cli(*args, "--kernels", "conv,matmul"))
     dataset = Dataset.load(str(path))
     assert sorted(task.kernel_class for task in dataset.tasks.values()) == ["conv2d_add_relu@4d", "matmul@2d"]

@@ -148,11 +148,11 @@ def tune(
     elif fields:
         config = dataclasses.replace(config, **fields)
     if config.trials is None and config.time_budget is None:
-        raise UsageError("give --trials, --time-budget or both")
+        raise UsageError("give trials (--trials), a time budget (--time-budget) or both")
     if config.trials is not None and config.trials < 0:
-        raise UsageError("--trials must be >= 0")
+        raise UsageError("trials must be >= 0")
     if config.time_budget is not None and config.time_budget <= 0:
-        raise UsageError("--time-budget must be > 0")
+        raise UsageError("time_budget must be > 0")
     tvm_target = resolve_target(config.target)
     registry = Registry.shared()
     with components(tvm_target, config, registry) as (search, cost_model, store, measurer):

@@ -54,18 +54,10 @@ def plan(models: Sequence[str], searches: Sequence[str], cost_models: Sequence[s
     """The cells of a matrix; a search in ``without_cost_model`` (one that asks no cost model: random) gets one
     cell per model and seed, with the cost model ``none``, not one per cost model that would all be the same."""
     if seeds < 1:
-        raise UsageError("--seeds must be >= 1")
+        raise UsageError("seeds must be >= 1")
     cells = [Cell(m, s, "none" if s in without_cost_model else c, k)
              for m in models for s in searches for c in cost_models for k in range(seeds)]
     return list(dict.fromkeys(cells))
-
-
-def split_list(value: str, flag: str) -> list[str]:
-    """``a,b`` -> [a, b]; an empty item is a usage error."""
-    items = [v.strip() for v in value.split(",")]
-    if not all(items):
-        raise UsageError(f"{flag} {value!r}: expected a comma-separated list without empty items")
-    return list(dict.fromkeys(items))
 
 
 def load_results(out: str) -> dict[str, Any] | None:
@@ -172,7 +164,7 @@ def run_matrix(
 
     trials = settings.trials
     if trials < 1:
-        raise UsageError("--trials must be >= 1")
+        raise UsageError("trials must be >= 1")
     tvm_target = resolve_target(settings.target)
     registry = Registry.shared()
     for s, c in {(cell.search, cell.cost_model) for cell in cells}:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from typing import Callable
 
 
 def add_common(p: argparse.ArgumentParser, *, model: bool = True, target: bool = True, store: bool = True,
@@ -52,4 +53,54 @@ def duration(text: str) -> float:
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
     if not match:
         raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 3600, 90m, 2h)")
-    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+    seconds = float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"expected a duration > 0, not {text!r}")
+    return seconds
+
+
+def count(low: int = 1) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``low`` (a count, a size, a budget); anything else is the flag's one-line
+    error, e.g. "argument --per-task: expected an integer >= 1, not '0'"."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, not {text!r}")
+        return value
+
+    return parse
+
+
+def number(low: float, high: float = float("inf")) -> Callable[[str], float]:
+    """An argparse type: a number from ``low`` to ``high`` (a fraction, a spread)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not low <= value <= high:
+            bounds = f">= {low:g}" if high == float("inf") else f"from {low:g} to {high:g}"
+            raise argparse.ArgumentTypeError(f"expected a number {bounds}, not {text!r}")
+        return value
+
+    return parse
+
+
+def names(text: str) -> list[str]:
+    """An argparse type: a comma-separated list (workloads, components, devices), duplicates dropped."""
+    items = [item.strip() for item in text.split(",")]
+    if not all(items):
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list without empty items, not {text!r}")
+    return list(dict.fromkeys(items))
+
+
+def add_devices(p: argparse.ArgumentParser, what: str = "use only measurements on") -> None:
+    p.add_argument("--devices", type=names, default=None,
+                   help=f"{what} these devices: ids or id prefixes (see `tunecore dataset info`), comma-separated")
+
+
+def add_seed(p: argparse.ArgumentParser, what: str = "every random choice") -> None:
+    p.add_argument("--seed", type=int, default=0, help=f"seed of {what} (default: 0)")

@@ -7,17 +7,19 @@ import sys
 from typing import Any
 
 from tunecore.cli import render
-from tunecore.cli.args import add_tuning
+from tunecore.cli.args import add_tuning, count, names
 from tunecore.errors import UsageError
 
 
 def add_commands(register: Any) -> None:
     bench = register("bench", cmd_bench, help="a matrix of models x searches x cost models x seeds (resumable)")
-    bench.add_argument("--model", "-m", required=True, help="workloads, comma-separated (as for `run`)")
-    bench.add_argument("--search", default="random", help="search policies, comma-separated")
-    bench.add_argument("--cost-model", default="none", help="cost models, comma-separated")
-    bench.add_argument("--trials", "-n", type=int, required=True, help="measured candidates per cell")
-    bench.add_argument("--seeds", type=int, default=1, help="cells per combination, seeds 0..K-1")
+    bench.add_argument("--model", "-m", type=names, required=True, help="workloads, comma-separated (as for `run`)")
+    bench.add_argument("--search", type=names, default=["random"],
+                       help="search policies, comma-separated (default: random)")
+    bench.add_argument("--cost-model", type=names, default=["none"],
+                       help="cost models, comma-separated (default: none)")
+    bench.add_argument("--trials", "-n", type=count(1), required=True, help="measured candidates per cell")
+    bench.add_argument("--seeds", type=count(1), default=1, help="cells per combination, seeds 0..K-1 (default: 1)")
     bench.add_argument("--out", "-o", default="bench-out", help="results directory (default: bench-out)")
     bench.add_argument("--store", "-s", default=None,
                        help="a SQLite store every cell starts from a copy of (default: cells start empty)")
@@ -37,13 +39,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from tunecore.options import parse_options
     from tunecore.registry import Registry
 
-    searches, cost_models = bench.split_list(args.search, "--search"), bench.split_list(args.cost_model, "--cost-model")
+    searches, cost_models = args.search, args.cost_model
     registry = Registry.shared()
     without_cost_model = [s for s in searches if not registry.get("search", s).uses_cost_model]
     if without_cost_model and cost_models != ["none"]:
         print(f"tunecore: note: {', '.join(without_cost_model)} use(s) no cost model: one cell per model and seed, "
               "with the cost model none", file=sys.stderr)
-    cells = bench.plan(bench.split_list(args.model, "--model"), searches, cost_models, args.seeds, without_cost_model)
+    cells = bench.plan(args.model, searches, cost_models, args.seeds, without_cost_model)
     settings = TuneConfig("", trials=args.trials, target=args.target, measurer=args.measurer,
                           options=parse_options(args.option, [*searches, *cost_models, args.measurer]),
                           scheduler=args.scheduler)

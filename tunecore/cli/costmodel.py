@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from tunecore.cli import Parser, render
+from tunecore.cli.args import add_devices, add_seed, count, names, number
 
 
 def add_commands(register: Any) -> None:
@@ -15,20 +16,20 @@ def add_commands(register: Any) -> None:
     evaluate = sub.add_parser("eval", help="train on one side of a split, report ranking (and latency) metrics on "
                                            "the other")
     evaluate.add_argument("--dataset", "-d", required=True, help="dataset file (.parquet)")
-    evaluate.add_argument("--cost-model", required=True, help="cost models, comma-separated (e.g. xgb,none)")
+    evaluate.add_argument("--cost-model", type=names, required=True,
+                          help="cost models, comma-separated (e.g. xgb,none)")
     evaluate.add_argument("--split", required=True,
                           help="workload:W1,W2 (cross-model) | device:ID,... (cross-device) | task:FRACTION | "
                                "random:FRACTION | cdmpp:N (CDMPP's: every Nth program of a task by latency)")
-    evaluate.add_argument("--devices", default=None,
-                          help="use only measurements on these devices (ids or prefixes, comma-separated)")
-    evaluate.add_argument("--max-spread", type=float, default=None,
+    add_devices(evaluate)
+    evaluate.add_argument("--max-spread", type=number(0), default=None,
                           help="use only programs whose timings spread at most this much (std / mean, e.g. 0.02)")
-    evaluate.add_argument("--min-programs", type=int, default=None,
+    evaluate.add_argument("--min-programs", type=count(1), default=None,
                           help="use only (task, device) groups with at least this many measured programs")
-    evaluate.add_argument("--group-size", type=int, default=None, metavar="N",
+    evaluate.add_argument("--group-size", type=count(2), default=None, metavar="N",
                           help="rank in disjoint groups of exactly N programs of a task (e.g. 128: recall@32's chance "
                                "is 0.25); smaller groups are left out")
-    evaluate.add_argument("--seed", type=int, default=0)
+    add_seed(evaluate, "the split and the cost models")
     evaluate.add_argument("--option", "-O", action="append", metavar="NAME.KEY=VALUE",
                           help="cost model option, e.g. -O xgb.rounds=200")
     evaluate.add_argument("--json", action="store_true")
@@ -40,13 +41,11 @@ def cmd_costmodel(args: argparse.Namespace) -> int:
     from tunecore.dataset.table import Dataset
     from tunecore.options import parse_options
 
-    names = [n.strip() for n in args.cost_model.split(",") if n.strip()]
-    options = parse_options(args.option, names)
+    options = parse_options(args.option, args.cost_model)
     dataset = Dataset.load(args.dataset)
-    devices = [d.strip() for d in args.devices.split(",")] if args.devices else None
-    parts = split(dataset, args.split, args.seed, devices, max_spread=args.max_spread,
+    parts = split(dataset, args.split, args.seed, args.devices, max_spread=args.max_spread,
                   min_programs=args.min_programs)
-    result = evaluate(dataset, parts, names, seed=args.seed, options=options, group_size=args.group_size)
+    result = evaluate(dataset, parts, args.cost_model, seed=args.seed, options=options, group_size=args.group_size)
     if args.json:
         print(json.dumps(result, indent=2))
     else:

@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from tunecore.cli import Parser, render
-from tunecore.cli.args import duration
+from tunecore.cli.args import add_seed, count, duration, names, number
 from tunecore.errors import UsageError
 
 
@@ -22,15 +22,16 @@ def add_commands(register: Any) -> None:
     collect.add_argument("--target", "-t", action="append", default=None,
                          help="a device to collect on, repeatable (default: this CPU with one thread; "
                               "`llvm` for all its cores)")
-    collect.add_argument("--per-task", type=int, required=True, help="programs per task on each device")
+    collect.add_argument("--per-task", type=count(1), required=True, help="programs per task on each device")
     collect.add_argument("--out", "-o", required=True, help="dataset file (.parquet); extended if it exists")
-    collect.add_argument("--random-fraction", type=float, default=0.5,
+    collect.add_argument("--random-fraction", type=number(0, 1), default=0.5,
                          help="share of each task's programs sampled uniformly; the rest come from --search "
                               "(default 0.5)")
     collect.add_argument("--search", default="ansor", help="the guided search (default: ansor)")
     collect.add_argument("--cost-model", default="xgb", help="the guided search's cost model (default: xgb)")
-    collect.add_argument("--max-programs", type=int, default=None, help="stop after measuring this many, per device")
-    collect.add_argument("--kernels", default="",
+    collect.add_argument("--max-programs", type=count(1), default=None,
+                         help="stop after measuring this many, per device")
+    collect.add_argument("--kernels", type=names, default=[],
                          help="only tasks whose kernel class contains one of these comma-separated operator names, "
                               "e.g. conv,dense,matmul (default: every task)")
     _add_run_limits(collect)
@@ -39,7 +40,7 @@ def add_commands(register: Any) -> None:
     remeasure.add_argument("dataset")
     remeasure.add_argument("--target", "-t", default=None,
                            help="the device to measure on (default: this CPU with one thread)")
-    remeasure.add_argument("--per-task", type=int, default=None, help="at most this many programs per task")
+    remeasure.add_argument("--per-task", type=count(1), default=None, help="at most this many programs per task")
     remeasure.add_argument("--from-device", default=None,
                            help="only programs measured on this device (id or prefix; default: any)")
     remeasure.add_argument("--again-before", type=moment, default=None, metavar="TIME",
@@ -70,10 +71,10 @@ def add_commands(register: Any) -> None:
 
 
 def _add_run_limits(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-spread", type=float, default=0.02, metavar="S",
+    p.add_argument("--max-spread", type=number(0), default=0.02, metavar="S",
                    help="a program whose timings spread (std/mean) more than S is measured once more, then flagged "
                         "noisy (default 0.02; 0: never measured again)")
-    p.add_argument("--anchors", type=int, default=300, metavar="N",
+    p.add_argument("--anchors", type=count(0), default=300, metavar="N",
                    help="fixed programs measured at the start and the end of the run, to see the machine drift "
                         "(default 300; 0: none)")
     p.add_argument("--time-limit", type=duration, default=None, metavar="DURATION",
@@ -81,7 +82,7 @@ def _add_run_limits(p: argparse.ArgumentParser) -> None:
     p.add_argument("--measurer", default="local", help="measurer (see `tunecore plugins`)")
     p.add_argument("--option", "-O", action="append", metavar="ROLE.KEY=VALUE",
                    help="component option, as for `run`, e.g. -O measurer.repeat=5")
-    p.add_argument("--seed", type=int, default=0)
+    add_seed(p, "the choice of programs (random samples, the anchors, which programs to remeasure)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
@@ -113,7 +114,7 @@ def _collect(args: argparse.Namespace) -> int:
                        random_fraction=args.random_fraction, search=args.search, cost_model=args.cost_model,
                        measurer=args.measurer, seed=args.seed, max_programs=args.max_programs,
                        time_limit=args.time_limit, max_spread=args.max_spread, anchors=args.anchors,
-                       kernels=tuple(args.kernels.split(",")) if args.kernels else (),
+                       kernels=tuple(args.kernels),
                        options=parse_options(args.option, [args.search, args.cost_model, args.measurer, "random"]))
     report = _with_progress(args, lambda on_progress: collect(args.out, plan, on_progress=on_progress))
     _print_report(args, report, [(d["device"], d["measured"], d["failed"], d["stopped"], d.get("drift"))

@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from tunecore.cli import render
-from tunecore.cli.args import add_common, add_tuning, duration
+from tunecore.cli.args import add_common, add_tuning, count, duration
 
 
 def add_commands(register: Any) -> None:
@@ -20,7 +20,7 @@ def add_commands(register: Any) -> None:
                      help="per task, once --search has nothing new to propose, spend the rest of the budget with this "
                           "search policy, starting from what was measured (e.g. --search transfer --then ansor)")
     run.add_argument("--cost-model", default="none", help="cost model (default: none; see `tunecore plugins`)")
-    run.add_argument("--trials", "-n", type=int, default=None,
+    run.add_argument("--trials", "-n", type=count(0), default=None,
                      help="total measured candidates for this workload, earlier runs included")
     run.add_argument("--time-budget", type=duration, default=None, metavar="DURATION",
                      help="total tuning time for this workload, earlier runs included, e.g. 30m, 2h, 900 "
@@ -28,7 +28,7 @@ def add_commands(register: Any) -> None:
     run.add_argument("--seed", type=int, default=0,
                      help="seed of every random choice (search, cost model, scheduler): the same seed on the same "
                           "records proposes the same candidates (default: 0)")
-    run.add_argument("--round-size", type=int, default=None, help="candidates per round (default: by budget)")
+    run.add_argument("--round-size", type=count(1), default=None, help="candidates per round (default: by budget)")
     add_tuning(run)
 
 

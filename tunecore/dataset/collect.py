@@ -382,14 +382,14 @@ def _check_limits(plan: CollectPlan, started: float, measured: int) -> None:
 
 def _check_plan(plan: CollectPlan) -> None:
     if not plan.models:
-        raise UsageError("name at least one --model")
+        raise UsageError("name at least one model (--model)")
     if plan.per_task < 1:
-        raise UsageError("--per-task must be >= 1")
+        raise UsageError("per_task must be >= 1")
     if any(not kind.strip() for kind in plan.kernels):
-        raise UsageError("--kernels takes operator names, e.g. conv,dense,matmul")
+        raise UsageError("kernels are operator names, e.g. conv, dense, matmul")
     if not 0 <= plan.random_fraction <= 1:
-        raise UsageError("--random-fraction must be between 0 and 1")
-    for name, value in (("--max-programs", plan.max_programs), ("--time-limit", plan.time_limit)):
+        raise UsageError("random_fraction must be between 0 and 1")
+    for name, value in (("max_programs", plan.max_programs), ("time_limit", plan.time_limit)):
         if value is not None and value <= 0:
             raise UsageError(f"{name} must be > 0")
     _check_protocol(plan)
@@ -397,9 +397,9 @@ def _check_plan(plan: CollectPlan) -> None:
 
 def _check_protocol(plan: CollectPlan) -> None:
     if plan.max_spread < 0:
-        raise UsageError("--max-spread must be >= 0")
+        raise UsageError("max_spread must be >= 0")
     if plan.anchors < 0:
-        raise UsageError("--anchors must be >= 0")
+        raise UsageError("anchors must be >= 0")
 
 
 def _check_installed(registry: Any, role: str, name: str, flag: str) -> None:

@@ -82,7 +82,7 @@ def evaluate(dataset: Dataset, split: Split, model_names: Sequence[str], *, seed
 def fixed_size_groups(test: list, size: int, seed: int) -> list:
     """Each measured group cut into disjoint groups of exactly ``size`` programs, chosen by seed."""
     if size < 2:
-        raise UsageError(f"--group-size {size}: expected an integer >= 2")
+        raise UsageError(f"group_size {size}: expected an integer >= 2")
     rng = np.random.default_rng(seed)
     out = []
     for task, candidates, results, device in test:
@@ -91,7 +91,8 @@ def fixed_size_groups(test: list, size: int, seed: int) -> list:
             chosen = sorted(order[start:start + size])
             out.append((task, [candidates[i] for i in chosen], [results[i] for i in chosen], device))
     if not out:
-        raise UsageError(f"--group-size {size}: no tested task x device group has {size} measured programs")
+        raise UsageError(f"group size {size} (--group-size): no tested task x device group has {size} measured "
+                         "programs")
     return out
 
 

@@ -93,14 +93,14 @@ def split(dataset: Dataset, spec: str, seed: int = 0, devices: list[str] | None 
 def _filtered(rows: list[Measurement], max_spread: float | None, min_programs: int | None) -> list[Measurement]:
     if max_spread is not None:
         if max_spread < 0:
-            raise UsageError(f"--max-spread {max_spread}: expected a spread (std / mean) >= 0, e.g. 0.02")
+            raise UsageError(f"max_spread {max_spread}: expected a spread (std / mean) >= 0, e.g. 0.02")
         if not any(r.spread is not None for r in rows):
             raise UsageError("--max-spread: no program of this dataset has repeated timings, so none has a spread "
                              "(measure with repeats: tunecore dataset remeasure)")
         rows = [r for r in rows if r.latency is None or (r.spread is not None and r.spread <= max_spread)]
     if min_programs is not None:
         if min_programs < 1:
-            raise UsageError(f"--min-programs {min_programs}: expected an integer >= 1")
+            raise UsageError(f"min_programs {min_programs}: expected an integer >= 1")
         counts = collections.Counter((r.task_key, r.device_id) for r in rows if r.latency is not None)
         rows = [r for r in rows if counts[r.task_key, r.device_id] >= min_programs]
     return rows

@@ -7,7 +7,7 @@ import json
 import time
 from typing import Any
 
-from tunecore.cli import Parser, render
+from tunecore.cli import Parser, add_devices, add_seed, count, render
 from tunecore.interfaces import UsageError
 
 
@@ -19,9 +19,9 @@ def add_commands(register: Any) -> None:
     train.add_argument("--dataset", "-d", required=True, help="dataset file (.parquet)")
     train.add_argument("--split", default=None, help="train on its training side, report on its test side "
                                                      "(as for `costmodel eval`)")
-    train.add_argument("--devices", default=None, help="only measurements on these devices (ids or prefixes)")
-    train.add_argument("--epochs", type=int, default=30)
-    train.add_argument("--seed", type=int, default=0)
+    add_devices(train, "train only on measurements on")
+    train.add_argument("--epochs", type=count(1), default=30, help="passes over the training data (default 30)")
+    add_seed(train, "the network's initial weights and the order of batches")
     train.add_argument("--out", "-o", required=True, help="weights file to write (.pt)")
     train.add_argument("--json", action="store_true")
 
@@ -30,21 +30,18 @@ def add_commands(register: Any) -> None:
     adapt.add_argument("--dataset", "-d", required=True,
                        help="dataset whose programs are measured on the new device (the measurements are added to it)")
     adapt.add_argument("--weights", default="shipped", help="model to adapt: 'shipped' or a weights file")
-    adapt.add_argument("--tasks", type=int, default=10, help="tasks to measure (KMeans clusters; default 10)")
-    adapt.add_argument("--per-task", type=int, default=16, help="programs to measure per task (default 16)")
-    adapt.add_argument("--steps", type=int, default=300, help="fine-tuning steps (default 300)")
+    adapt.add_argument("--tasks", type=count(1), default=10, help="tasks to measure (KMeans clusters; default 10)")
+    adapt.add_argument("--per-task", type=count(1), default=16, help="programs to measure per task (default 16)")
+    adapt.add_argument("--steps", type=count(1), default=300, help="fine-tuning steps (default 300)")
     adapt.add_argument("--measurer", default="local")
     adapt.add_argument("--option", "-O", action="append", metavar="ROLE.KEY=VALUE",
                        help="measurer option, e.g. -O measurer.repeat=5")
-    adapt.add_argument("--seed", type=int, default=0)
+    add_seed(adapt, "the choice of tasks and programs and of the fine-tuning batches")
     adapt.add_argument("--out", "-o", required=True, help="adapted weights file to write (.pt)")
     adapt.add_argument("--json", action="store_true")
 
 
 def cmd_cdmpp(args: argparse.Namespace) -> int:
-    for name in ("epochs", "tasks", "per_task", "steps"):
-        if getattr(args, name, 1) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
     return {"train": _train, "adapt": _adapt}[args.cdmpp_command](args)
 
 
@@ -53,7 +50,7 @@ def _train(args: argparse.Namespace) -> int:
     from tunecore_cdmpp_predictor.costmodel import CDMPPModel
 
     dataset = Dataset.load(args.dataset)
-    devices = [d.strip() for d in args.devices.split(",")] if args.devices else None
+    devices = args.devices
     if args.split:
         parts = split(dataset, args.split, args.seed, devices)
         train_rows, test_rows = parts.train, [r for r in parts.test if r.latency is not None]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from tunecore.cli import Parser, render
+from tunecore.cli import Parser, add_devices, add_seed, count, names, number, render
 from tunecore.interfaces import UsageError
 
 
@@ -14,18 +14,16 @@ def add_commands(register: Any) -> None:
     sub = ncu.add_subparsers(dest="ncu_command", required=True, parser_class=Parser)
     profile = sub.add_parser("profile", help="profile rows of a dataset (in place, resumable)")
     profile.add_argument("--dataset", "-d", required=True, help="dataset file (.parquet), updated in place")
-    profile.add_argument("--limit", type=int, required=True, help="rows to profile in this call")
-    profile.add_argument("--per-task", type=int, default=None,
+    profile.add_argument("--limit", type=count(1), required=True, help="rows to profile in this call")
+    profile.add_argument("--per-task", type=count(1), default=None,
                          help="profile at most this many rows per task, counting earlier calls")
-    profile.add_argument("--workloads", default=None, help="only tasks of these workloads (comma-separated)")
-    profile.add_argument("--devices", default=None,
-                         help="rows of these devices (ids or prefixes, comma-separated), this machine's or another's "
-                              "whose code runs here (its L1/L2 sizes are simulated); default: every device of this "
-                              "machine in the dataset (one per target it was measured with)")
-    profile.add_argument("--max-latency", type=float, default=0.05,
+    profile.add_argument("--workloads", type=names, default=[], help="only tasks of these workloads (comma-separated)")
+    add_devices(profile, "profile rows (this machine's or another's whose code runs here: its L1/L2 sizes are "
+                         "simulated; default: every device of this machine in the dataset) of")
+    profile.add_argument("--max-latency", type=number(1e-9), default=0.05,
                          help="skip rows slower than this many seconds (callgrind runs 150-300x slower; default 0.05)")
-    profile.add_argument("--timeout", type=float, default=120.0, help="seconds per row (default 120)")
-    profile.add_argument("--seed", type=int, default=0)
+    profile.add_argument("--timeout", type=number(1e-9), default=120.0, help="seconds per row (default 120)")
+    add_seed(profile, "the choice of rows")
     profile.add_argument("--json", action="store_true")
 
 
@@ -34,14 +32,9 @@ def cmd_ncu(args: argparse.Namespace) -> int:
 
     from tunecore_ncu_costmodel.profilers import profile_dataset
 
-    for name in ("limit", "per_task", "max_latency", "timeout"):
-        value = getattr(args, name)
-        if value is not None and value <= 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be positive")
     if not os.path.exists(args.dataset):
         raise UsageError(f"--dataset {args.dataset}: no such file")
-    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()] if args.workloads else []
-    devices = [d.strip() for d in args.devices.split(",") if d.strip()] if args.devices else []
+    workloads, devices = args.workloads, args.devices or []
     display = render.progress(transient=True)
     job = display.add_task("profiling", total=None)
 

@@ -247,6 +247,8 @@ def test_bad_weights_are_one_line_exit_2(tmp_path):
     assert_one_line_exit_2(result, "another vocabulary")
     result = run_cli("tlm", "pretrain", "-d", SHIPPED, "--exclude", "zoo:nothing", "-o", str(tmp_path / "y.pt"))
     assert_one_line_exit_2(result, "no workload zoo:nothing")
+    result = run_cli("tlm", "pretrain", "-d", SHIPPED, "--steps", "0", "-o", str(tmp_path / "y.pt"))
+    assert_one_line_exit_2(result, "argument --steps: expected an integer >= 1, not '0'")  # tunecore.cli's kit
 
 
 @pytest.mark.parametrize("cost_model", ["none", "xgb"])

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from tunecore.cli import Parser, render
+from tunecore.cli import Parser, add_devices, add_seed, count, names, number, render
 from tunecore.interfaces import UsageError
 
 _CHECKPOINT_EVERY = 100
@@ -29,30 +29,24 @@ def add_commands(register: Any) -> None:
     finetune = sub.add_parser("finetune", help="train on the best measured programs per task of a dataset")
     for p in (pretrain, finetune):
         p.add_argument("--dataset", "-d", required=True, help="dataset file (.parquet)")
-        p.add_argument("--exclude", default="", help="workloads whose kernels stay out of training, "
-                                                     "e.g. zoo:resnet-18,zoo:mobilenet-v2 (held out for evaluation)")
-        p.add_argument("--steps", type=int, default=None, help="optimizer steps")
-        p.add_argument("--batch-size", type=int, default=32)
-        p.add_argument("--lr", type=float, default=None)
-        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--exclude", type=names, default=[], help="workloads whose kernels stay out of training, "
+                                                                 "e.g. zoo:resnet-18,zoo:mobilenet-v2 (held out)")
+        p.add_argument("--steps", type=count(1), default=None, help="optimizer steps")
+        p.add_argument("--batch-size", type=count(1), default=32, help="sentences per step (default 32)")
+        p.add_argument("--lr", type=number(1e-12), default=None, help="peak learning rate")
+        add_seed(p, "the initial weights, the programs sampled and the batches")
         p.add_argument("--out", "-o", required=True, help="weights file to write (.pt)")
         p.add_argument("--json", action="store_true")
-    pretrain.add_argument("--per-sketch", type=int, default=48, help="random programs per sketch (default 48)")
-    pretrain.add_argument("--layers", type=int, default=4)
-    pretrain.add_argument("--width", type=int, default=128)
+    pretrain.add_argument("--per-sketch", type=count(1), default=48, help="random programs per sketch (default 48)")
+    pretrain.add_argument("--layers", type=count(1), default=4, help="transformer layers (default 4)")
+    pretrain.add_argument("--width", type=count(1), default=128, help="embedding width (default 128)")
     finetune.add_argument("--weights", default="shipped-base",
                           help="pre-trained model: 'shipped-base' or a weights file from `tlm pretrain`")
-    finetune.add_argument("--top", type=int, default=1, help="best programs per task and device (TLM: 1)")
-    finetune.add_argument("--devices", default=None, help="only measurements on these devices (ids or prefixes)")
+    finetune.add_argument("--top", type=count(1), default=1, help="best programs per task and device (TLM: 1)")
+    add_devices(finetune, "fine-tune only on measurements on")
 
 
 def cmd_tlm(args: argparse.Namespace) -> int:
-    for name in ("steps", "batch_size", "per_sketch", "top", "layers", "width"):
-        value = getattr(args, name, 1)
-        if value is not None and value < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
-    if args.lr is not None and args.lr <= 0:
-        raise UsageError("--lr must be positive")
     return {"pretrain": _pretrain, "finetune": _finetune}[args.tlm_command](args)
 
 
@@ -61,7 +55,7 @@ def _pairs(args: argparse.Namespace) -> tuple[Any, list]:
     from tunecore_tlm_generator.training import task_targets
 
     dataset = Dataset.load(args.dataset)
-    exclude = [w.strip() for w in args.exclude.split(",") if w.strip()]
+    exclude = args.exclude
     unknown = set(exclude) - {w for t in dataset.tasks.values() for w in t.workloads}
     if unknown:
         raise UsageError(f"--exclude: {args.dataset} has no workload {sorted(unknown)[0]}")
@@ -140,7 +134,7 @@ def _finetune(args: argparse.Namespace) -> int:
     except UsageError as error:
         raise UsageError(f"--weights: {error}") from None
     dataset, pairs = _pairs(args)
-    devices = {device_of(dataset, d.strip()) for d in args.devices.split(",")} if args.devices else None
+    devices = {device_of(dataset, d) for d in args.devices} if args.devices else None
     started = time.perf_counter()
     with render.progress(transient=True) as display:
         display.add_task("reading the best programs", total=None)
