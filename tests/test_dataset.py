@@ -8,6 +8,7 @@ import pytest
 
 from tunecore import hookimpl
 from tunecore.dataset.evaluate import evaluate, ranking_metrics
+from tunecore.dataset.protocol import is_usable
 from tunecore.dataset.split import split, with_fine_tuning
 from tunecore.dataset.table import Dataset, DatasetTask, Measurement
 from tunecore.errors import UsageError
@@ -39,10 +40,11 @@ def collected(tmp_path_factory):
 
 def test_collect_measures_per_task_with_device_identity(collected):
     path, first, info, _, _ = collected
-    assert first["devices"][0]["measured"] == 16
-    assert info["rows"] == 16 and info["tasks"] == 2
-    assert {w: v["rows"] for w, v in info["workloads"].items()} == {"op:matmul-64": 8, "op:matmul-96x64x80": 8}
     dataset = Dataset.load(str(path))
+    # every task gets 8 usable programs: a program whose timings stayed noisy is kept, flagged, and replaced
+    assert first["devices"][0]["measured"] == info["rows"] >= 16 and info["tasks"] == 2  # before the remeasure
+    assert {w: v["rows"] for w, v in info["workloads"].items()}.keys() == {"op:matmul-64", "op:matmul-96x64x80"}
+    assert all(sum(map(is_usable, dataset.rows_of(key, dataset.rows[0].device_id))) == 8 for key in dataset.tasks)
     primary = dataset.rows[0].device_id
     assert dataset.devices[primary]["cpu"] and dataset.devices[primary]["cores"] >= 1
     by = {r.collected_by for r in dataset.rows}
@@ -404,7 +406,7 @@ def test_a_stopped_collection_resumes_where_it_stopped(tmp_path):
     device = rest["devices"][0]["device_id"]
     exhausted = dataset.exhausted[device]  # the tasks whose design space holds fewer programs than asked
     assert exhausted and all(len(dataset.rows_of(key, device)) < 3 for key in exhausted)
-    assert all(len(dataset.rows_of(key, device)) == 3 for key in dataset.tasks if key not in exhausted)
+    assert all(sum(map(is_usable, dataset.rows_of(key, device))) == 3 for key in dataset.tasks if key not in exhausted)
     assert cli_json(run_cli(*args))["devices"][0]["measured"] == 0
 
 
@@ -418,4 +420,4 @@ def test_collect_kernels_takes_only_the_tasks_of_those_operators(tmp_path):
     report = cli_json(run_cli(*args, "--kernels", "conv,matmul"))
     dataset = Dataset.load(str(path))
     assert sorted(task.kernel_class for task in dataset.tasks.values()) == ["conv2d_add_relu@4d", "matmul@2d"]
-    assert report["devices"][0]["measured"] == len(dataset.rows) == 4
+    assert report["devices"][0]["measured"] == len(dataset.rows) and sum(map(is_usable, dataset.rows)) == 4

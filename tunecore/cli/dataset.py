@@ -22,7 +22,9 @@ def add_commands(register: Any) -> None:
     collect.add_argument("--target", "-t", action="append", default=None,
                          help="a device to collect on, repeatable (default: this CPU with one thread; "
                               "`llvm` for all its cores)")
-    collect.add_argument("--per-task", type=count(1), required=True, help="programs per task on each device")
+    collect.add_argument("--per-task", type=count(1), required=True,
+                         help="programs per task on each device: clean or failed ones (a program whose timings stay "
+                              "noisy is flagged, kept, and replaced by another)")
     collect.add_argument("--out", "-o", required=True, help="dataset file (.parquet); extended if it exists")
     collect.add_argument("--random-fraction", type=number(0, 1), default=0.5,
                          help="share of each task's programs sampled uniformly; the rest come from --search "

@@ -275,7 +275,8 @@ class _Counts:
         self.dataset, self.device_id = dataset, device_id
 
     def total(self, key: str) -> int:
-        return len(self.dataset.rows_of(key, self.device_id))
+        """The usable ones (protocol.is_usable): a program whose timings stayed noisy is replaced by another."""
+        return sum(map(protocol.is_usable, self.dataset.rows_of(key, self.device_id)))
 
     def by(self, key: str, collected_by: str) -> int:
         return sum(r.collected_by == collected_by for r in self.dataset.rows_of(key, self.device_id))

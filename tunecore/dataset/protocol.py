@@ -67,6 +67,12 @@ def spread(run_secs: Sequence[float] | None) -> float | None:
     return float(statistics.pstdev(run_secs) / statistics.fmean(run_secs))
 
 
+def is_usable(row: Any) -> bool:
+    """A row that counts towards a task's programs (``collect --per-task``): a clean timing, a failure (a failure is a
+    label too) or a timing from before the protocol flagged noise; not a program whose timings stayed noisy."""
+    return NOISY not in row.profile
+
+
 def is_clean(row: Any, max_spread: float = MAX_SPREAD, min_repeats: int = MIN_REPEATS) -> bool:
     """A row a model can learn from as it is: ran, timed at least ``min_repeats`` times within ``max_spread``."""
     return (row.latency is not None and len(row.run_secs) >= min_repeats
