@@ -209,7 +209,7 @@ def test_pretrain_resumes_from_its_checkpoint(bert_tiny, tmp_path):
     finally:
         lm.train_steps = original
     assert os.path.exists(out + ".ckpt") and os.path.exists(out + ".corpus.npz")
-    assert torch.load(out + ".ckpt", weights_only=True)["step"] == 100
+    assert json.loads(torch.load(out + ".ckpt", weights_only=True)["metadata"])["step"] == 100
     resumed = cli_json(run_cli(*args, "--steps", "120"))
     assert resumed["held_out_loss"] == pytest.approx(first["held_out_loss"], rel=0.05)
     assert not os.path.exists(out + ".ckpt")

@@ -1,14 +1,13 @@
 """``tunecore tlm pretrain|finetune``: pre-train on unlabeled random programs, fine-tune on the best measured ones.
 
-Both are resumable: a checkpoint beside the output (``OUT.ckpt``: model, optimizer, step; and for
-pre-training the sampled corpus, ``OUT.corpus.npz``) is written every 100 steps and removed when the
-weights are written; running the same command again continues from it.
+Both are resumable (tunecore_tlm_generator.training): a checkpoint beside the output (``OUT.ckpt``: model,
+optimizer, step; and for pre-training the sampled corpus, ``OUT.corpus.npz``) is written every 100 steps and
+removed when the weights are written; running the same command again continues from it.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from typing import Any
@@ -17,8 +16,6 @@ import numpy as np
 
 from tunecore.cli import Parser, add_devices, add_seed, count, names, number, render
 from tunecore.interfaces import UsageError
-
-_CHECKPOINT_EVERY = 100
 
 
 def add_commands(register: Any) -> None:
@@ -71,15 +68,24 @@ def _pretrain(args: argparse.Namespace) -> int:
     from tunecore.targets import physical_cores
     from tunecore_tlm_generator import model as lm
     from tunecore_tlm_generator.sentences import Vocabulary
-    from tunecore_tlm_generator.training import Sketches, describe, random_programs
+    from tunecore_tlm_generator.training import (
+        CORPUS,
+        Sketches,
+        describe,
+        encode_all,
+        load_corpus,
+        random_programs,
+        remove_checkpoints,
+        save_corpus,
+    )
 
     torch.set_num_threads(physical_cores())
     dataset, pairs = _pairs(args)
     started = time.perf_counter()
     settings = {"dataset": os.path.abspath(args.dataset), "exclude": args.exclude, "per_sketch": args.per_sketch,
                 "seed": args.seed}
-    corpus_path = args.out + ".corpus.npz"
-    corpus = _load_corpus(corpus_path, settings)
+    corpus_path = args.out + CORPUS
+    corpus = load_corpus(corpus_path, settings)
     if corpus is None:
         sketches = Sketches()
         with render.progress(transient=args.json) as display:
@@ -89,9 +95,9 @@ def _pretrain(args: argparse.Namespace) -> int:
         if not programs:
             raise UsageError(f"{args.dataset}: none of its tasks has a sketch TLM can write")
         vocab = Vocabulary([w for p in {id(p): p for p, _ in programs}.values() for w in p.words if isinstance(w, str)])
-        examples = _encode_all(programs, vocab)
+        examples = encode_all(programs, vocab)
         corpus = {"vocabulary": vocab.words, "examples": examples}
-        _save_corpus(corpus_path, settings, corpus)
+        save_corpus(corpus_path, settings, corpus)
     vocab, examples = Vocabulary(corpus["vocabulary"]), corpus["examples"]
     rng = np.random.default_rng(args.seed)
     order = rng.permutation(len(examples))
@@ -103,13 +109,13 @@ def _pretrain(args: argparse.Namespace) -> int:
     if longest > model.config.context:
         raise UsageError(f"a sentence has {longest} tokens, more than the model's context ({model.config.context})")
     before = lm.mean_loss(model, held)
-    loss = _train(model, train, steps, args, lr=args.lr or 1e-3, schedule="cosine", settings=settings)
+    loss = _train(model, train, steps, args, args.lr or 1e-3, "cosine", settings)
     after = lm.mean_loss(model, held)
     info = {"stage": "pretrained", "trained_on": {**describe(pairs), "dataset": os.path.basename(args.dataset),
                                                   "exclude": args.exclude, "programs": len(examples),
                                                   "steps": steps}}
     lm.save(args.out, model, vocab, info)
-    _done(args.out)
+    remove_checkpoints(args.out)
     render.fields({"out": args.out, "programs": len(examples), "tasks": describe(pairs)["tasks"],
                   "vocabulary": len(vocab), "parameters": lm.parameters(model), "steps": steps,
                   "tokens_per_program": round(float(np.mean([len(ids) for ids, _ in examples])), 1),
@@ -125,7 +131,7 @@ def _finetune(args: argparse.Namespace) -> int:
     from tunecore.targets import physical_cores
     from tunecore_tlm_generator import model as lm
     from tunecore_tlm_generator.search import SHIPPED_BASE
-    from tunecore_tlm_generator.training import Sketches, best_programs, describe
+    from tunecore_tlm_generator.training import Sketches, best_programs, describe, remove_checkpoints
 
     torch.set_num_threads(physical_cores())
     path = SHIPPED_BASE if args.weights == "shipped-base" else args.weights
@@ -147,12 +153,12 @@ def _finetune(args: argparse.Namespace) -> int:
     before = lm.mean_loss(model, examples)
     settings = {"dataset": os.path.abspath(args.dataset), "exclude": args.exclude, "top": args.top,
                 "weights": os.path.abspath(path), "seed": args.seed}
-    loss = _train(model, examples, steps, args, lr=args.lr or 3e-4, schedule="constant", settings=settings)
+    loss = _train(model, examples, steps, args, args.lr or 3e-4, "constant", settings)
     info = {"stage": "finetuned", "base": metadata.get("trained_on", {}),
             "trained_on": {**describe(pairs), "dataset": os.path.basename(args.dataset), "exclude": args.exclude,
                            "programs": len(examples), "top": args.top, "steps": steps}}
     lm.save(args.out, model, vocab, info)
-    _done(args.out)
+    remove_checkpoints(args.out)
     render.fields({"out": args.out, "programs": len(examples), "tasks": describe(pairs)["tasks"], "steps": steps,
                   "loss_before": round(before, 4), "loss": round(lm.mean_loss(model, examples), 4),
                   "train_loss": round(loss, 4), "elapsed_s": round(time.perf_counter() - started, 1)}, args.json)
@@ -161,77 +167,12 @@ def _finetune(args: argparse.Namespace) -> int:
 
 def _train(model: Any, examples: list, steps: int, args: argparse.Namespace, lr: float, schedule: str,
            settings: dict[str, Any]) -> float:
-    """Train with AdamW for ``steps``, resuming from and writing ``OUT.ckpt``."""
-    import torch
+    """tlm's training loop (training.train) with a progress bar, resuming from and writing ``OUT.ckpt``."""
+    from tunecore_tlm_generator.training import CHECKPOINT, train
 
-    from tunecore_tlm_generator import model as lm
-
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-    factor = (lambda s: lm.warmup_cosine(s, steps)) if schedule == "cosine" else (lambda s: 1.0)
-    checkpoint = args.out + ".ckpt"
-    done = 0
-    settings = {**settings, "steps": steps, "batch_size": args.batch_size, "lr": lr}
-    if os.path.exists(checkpoint):
-        state = torch.load(checkpoint, map_location="cpu", weights_only=True)
-        if json.loads(state["settings"]) == settings:
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            done = int(state["step"])
-    rng = np.random.default_rng(args.seed + done)
-    loss = float("nan")
     with render.progress(transient=args.json) as display:
-        bar = display.add_task("training", total=steps, completed=done)
-        while done < steps:
-            chunk = min(_CHECKPOINT_EVERY, steps - done)
-
-            def on_step(step: int, value: float, base: int = done) -> None:
-                for group in optimizer.param_groups:
-                    group["lr"] = lr * factor(base + step)
-                display.update(bar, completed=base + step, description=f"training (loss {value:.3f})")
-
-            loss = lm.train_steps(model, optimizer, examples, chunk, args.batch_size, rng, on_step)
-            done += chunk
-            torch.save({"settings": json.dumps(settings), "model": model.state_dict(),
-                        "optimizer": optimizer.state_dict(), "step": done}, checkpoint)
-    return loss
-
-
-def _encode_all(programs: list, vocab: Any) -> list:
-    from tunecore_tlm_generator import model as lm
-
-    cache: dict[int, list[int]] = {}
-    out = []
-    for prompt, decisions in programs:
-        ids = cache.setdefault(id(prompt), vocab.encode(prompt.words))
-        example = lm.encode_example(prompt, decisions, vocab, ids)
-        if example is not None:
-            out.append(example)
-    return out
-
-
-def _save_corpus(path: str, settings: dict[str, Any], corpus: dict[str, Any]) -> None:
-    ids = np.concatenate([np.asarray(i, dtype=np.int32) for i, _ in corpus["examples"]])
-    counted = np.concatenate([np.asarray(c, dtype=bool) for _, c in corpus["examples"]])
-    lengths = np.asarray([len(i) for i, _ in corpus["examples"]], dtype=np.int32)
-    header = json.dumps({"settings": settings, "vocabulary": corpus["vocabulary"]})
-    np.savez(path, header=np.asarray(header), ids=ids, counted=counted, lengths=lengths)
-
-
-def _load_corpus(path: str, settings: dict[str, Any]) -> dict[str, Any] | None:
-    if not os.path.exists(path):
-        return None
-    with np.load(path, allow_pickle=False) as blob:
-        header = json.loads(str(blob["header"]))
-        if header["settings"] != settings:
-            return None
-        ends = np.cumsum(blob["lengths"])
-        ids, counted = np.split(blob["ids"], ends[:-1]), np.split(blob["counted"], ends[:-1])
-    return {"vocabulary": header["vocabulary"],
-            "examples": [(i.tolist(), c.tolist()) for i, c in zip(ids, counted)]}
-
-
-def _done(out: str) -> None:
-    for leftover in (out + ".ckpt", out + ".corpus.npz"):
-        if os.path.exists(leftover):
-            os.remove(leftover)
-
+        bar = display.add_task("training", total=steps)
+        return train(model, examples, steps, batch_size=args.batch_size, lr=lr, schedule=schedule, seed=args.seed,
+                     checkpoint=args.out + CHECKPOINT, settings=settings,
+                     on_step=lambda done, loss: display.update(bar, completed=done,
+                                                               description=f"training (loss {loss:.3f})"))

@@ -6,7 +6,10 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import json
+import os
 from typing import Any, Callable, Sequence
+
+import numpy as np
 
 from tunecore_tlm_generator.sentences import SketchPrompt, Unexpressible
 
@@ -104,3 +107,93 @@ def describe(pairs: Sequence[tuple[Any, str]]) -> dict[str, Any]:
     workloads = sorted({w for t, _ in pairs for w in t.workloads})
     targets = sorted({json.loads(t).get("mcpu", json.loads(t)["kind"]) for _, t in pairs})
     return {"tasks": len({t.key for t, _ in pairs}), "workloads": workloads, "targets": targets}
+
+
+# The training loop and its files, as nanoGPT keeps them with the model: a checkpoint beside the output (model,
+# optimizer, step) every CHECKPOINT_EVERY steps, and pre-training's sampled corpus, both removed once the weights
+# are written, so that running the same command again continues where it stopped.
+CHECKPOINT, CORPUS = ".ckpt", ".corpus.npz"
+CHECKPOINT_EVERY = 100
+
+
+def train(model: Any, examples: list, steps: int, *, batch_size: int, lr: float, schedule: str, seed: int,
+          checkpoint: str | None = None, settings: dict[str, Any] | None = None,
+          on_step: Callable[[int, float], None] | None = None) -> float:
+    """Train with AdamW for ``steps`` (``schedule``: "cosine" with warm-up, or "constant"), resuming from
+    ``checkpoint`` when it was written with the same ``settings`` and writing it every CHECKPOINT_EVERY steps;
+    ``on_step(steps done, loss)``. Returns the last step's loss."""
+    import torch
+
+    from tunecore.interfaces import load_model_torch, save_model_torch
+    from tunecore_tlm_generator import model as lm
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    factor = (lambda s: lm.warmup_cosine(s, steps)) if schedule == "cosine" else (lambda s: 1.0)
+    settings = {**(settings or {}), "steps": steps, "batch_size": batch_size, "lr": lr}
+    done = 0
+    if checkpoint and os.path.exists(checkpoint):
+        saved, state = load_model_torch(checkpoint, "tlm-checkpoint", 1)
+        if saved["settings"] == settings:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            done = int(saved["step"])
+    rng = np.random.default_rng(seed + done)
+    loss = float("nan")
+    while done < steps:
+        chunk = min(CHECKPOINT_EVERY, steps - done)
+
+        def step(i: int, value: float, base: int = done) -> None:
+            for group in optimizer.param_groups:
+                group["lr"] = lr * factor(base + i)
+            if on_step:
+                on_step(base + i, value)
+
+        loss = lm.train_steps(model, optimizer, examples, chunk, batch_size, rng, step)
+        done += chunk
+        if checkpoint:
+            save_model_torch(checkpoint, "tlm-checkpoint", 1, {"settings": settings, "step": done},
+                             {"model": model.state_dict(), "optimizer": optimizer.state_dict()})
+    return loss
+
+
+def encode_all(programs: list, vocab: Any) -> list:
+    """(token ids, counted mask) of every (prompt, decisions) program; those that do not encode are left out."""
+    from tunecore_tlm_generator import model as lm
+
+    cache: dict[int, list[int]] = {}
+    out = []
+    for prompt, decisions in programs:
+        ids = cache.setdefault(id(prompt), vocab.encode(prompt.words))
+        example = lm.encode_example(prompt, decisions, vocab, ids)
+        if example is not None:
+            out.append(example)
+    return out
+
+
+def save_corpus(path: str, settings: dict[str, Any], corpus: dict[str, Any]) -> None:
+    ids = np.concatenate([np.asarray(i, dtype=np.int32) for i, _ in corpus["examples"]])
+    counted = np.concatenate([np.asarray(c, dtype=bool) for _, c in corpus["examples"]])
+    lengths = np.asarray([len(i) for i, _ in corpus["examples"]], dtype=np.int32)
+    header = json.dumps({"settings": settings, "vocabulary": corpus["vocabulary"]})
+    np.savez(path, header=np.asarray(header), ids=ids, counted=counted, lengths=lengths)
+
+
+def load_corpus(path: str, settings: dict[str, Any]) -> dict[str, Any] | None:
+    """The corpus ``save_corpus`` wrote with the same ``settings``; None if there is none."""
+    if not os.path.exists(path):
+        return None
+    with np.load(path, allow_pickle=False) as blob:
+        header = json.loads(str(blob["header"]))
+        if header["settings"] != settings:
+            return None
+        ends = np.cumsum(blob["lengths"])
+        ids, counted = np.split(blob["ids"], ends[:-1]), np.split(blob["counted"], ends[:-1])
+    return {"vocabulary": header["vocabulary"],
+            "examples": [(i.tolist(), c.tolist()) for i, c in zip(ids, counted)]}
+
+
+def remove_checkpoints(out: str) -> None:
+    """The checkpoint and corpus of the weights ``out``, once they are written."""
+    for leftover in (out + CHECKPOINT, out + CORPUS):
+        if os.path.exists(leftover):
+            os.remove(leftover)
