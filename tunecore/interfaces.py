@@ -13,6 +13,7 @@ from tunecore.features import N_DEVICE_FEATURES, N_FEATURES, PerStoreFeatures, d
 from tunecore.measure.local import LocalBuilder
 from tunecore.modelfile import load_model_json, load_model_torch, save_model_json, save_model_torch
 from tunecore.options import check_options, is_int, is_number
+from tunecore.progress import Progress
 from tunecore.roles import (
     ROLE_LABELS,
     ROLES,
@@ -33,9 +34,9 @@ from tunecore.tvmjson import new_schedule, replay_trace_json, target_from_json, 
 
 __all__ = [
     "Artifact", "Builder", "Candidate", "Component", "CostModel", "DesignSpace", "LocalBuilder", "MeasureResult",
-    "Measurer", "MeasurerUnavailable", "N_DEVICE_FEATURES", "N_FEATURES", "PerStoreFeatures", "Profiler", "ROLES",
-    "ROLE_LABELS", "Record", "RecordStore", "Runner", "SearchPolicy", "Task", "TaskContext", "UsageError",
-    "check_options", "derive_seed", "device_features", "distinct", "error_line", "is_int", "is_number",
-    "load_model_json", "load_model_torch", "new_schedule", "program_row", "replay_trace_json", "save_model_json",
-    "save_model_torch", "target_from_json", "to_plain",
+    "Measurer", "MeasurerUnavailable", "N_DEVICE_FEATURES", "N_FEATURES", "PerStoreFeatures", "Profiler",
+    "Progress", "ROLES", "ROLE_LABELS", "Record", "RecordStore", "Runner", "SearchPolicy", "Task", "TaskContext",
+    "UsageError", "check_options", "derive_seed", "device_features", "distinct", "error_line", "is_int",
+    "is_number", "load_model_json", "load_model_torch", "new_schedule", "program_row", "replay_trace_json",
+    "save_model_json", "save_model_torch", "target_from_json", "to_plain",
 ]

@@ -140,22 +140,8 @@ def _remeasure(args: argparse.Namespace) -> int:
 
 
 def _with_progress(args: argparse.Namespace, work: Any) -> Any:
-    from rich.progress import TextColumn, TimeRemainingColumn
-
-    display = render.progress(TextColumn("failed {task.fields[failed]}"), TextColumn("{task.fields[where]}"),
-                              after=(TextColumn("ETA"), TimeRemainingColumn()), transient=args.json)
-    bars: dict[str, Any] = {}
-
-    def on_progress(p: Any) -> None:
-        if p.device not in bars:
-            bars[p.device] = display.add_task(f"measuring on {p.device}", total=p.total, failed=0, where="")
-            display.start()
-        display.update(bars[p.device], completed=p.done, total=p.total, failed=p.failed, where=p.task[:40])
-
-    try:
+    with render.tracker(transient=args.json) as on_progress:
         return work(on_progress)
-    finally:
-        render.stop(display)
 
 
 def _print_report(args: argparse.Namespace, report: dict[str, Any], devices: list[tuple]) -> None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from typing import Any
+from typing import Any, Callable, Iterator
 
+from tunecore.progress import Progress
 from tunecore.report import ms  # noqa: F401  (the one millisecond format, for the commands)
 
 
@@ -25,6 +27,30 @@ def progress(*columns: Any, after: tuple = (), transient: bool = False) -> Any:
 
     return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), *columns,
                     TimeElapsedColumn(), *after, console=console(stderr=True), transient=transient)
+
+
+@contextlib.contextmanager
+def tracker(transient: bool = False) -> Iterator[Callable[[Progress], None]]:
+    """A progress display on stderr for any job that reports ``tunecore.progress.Progress``: one bar per stage,
+    with the failures, the loss and the item where the job reports them."""
+    from rich.progress import TextColumn, TimeRemainingColumn
+
+    display = progress(TextColumn("{task.fields[note]}"), after=(TextColumn("ETA"), TimeRemainingColumn()),
+                       transient=transient)
+    bars: dict[str, Any] = {}
+
+    def on_progress(p: Progress) -> None:
+        if p.stage not in bars:
+            bars[p.stage] = display.add_task(p.stage, total=p.total, note="")
+            display.start()
+        note = " ".join(filter(None, [f"failed {p.failed}" if p.failed else "",
+                                      f"loss {p.loss:.3f}" if p.loss is not None else "", p.item[:40]]))
+        display.update(bars[p.stage], completed=p.done, total=p.total, note=note)
+
+    try:
+        yield on_progress
+    finally:
+        stop(display)
 
 
 def stop(display: Any) -> None:

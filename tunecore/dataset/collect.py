@@ -28,6 +28,7 @@ from tunecore.dataset import protocol
 from tunecore.dataset.protocol import CollectionRun, LabelMeasurer
 from tunecore.dataset.table import Dataset, Measurement, describe_device
 from tunecore.errors import UsageError
+from tunecore.progress import Progress
 
 RANDOM = "random"
 
@@ -51,17 +52,6 @@ class CollectPlan:
 
     def wants(self, task: Any) -> bool:
         return not self.kernels or any(kind in task.kernel_class for kind in self.kernels)
-
-
-@dataclasses.dataclass
-class Progress:
-    """Passed to the progress callback: where collection is, and how much of this device's work is done."""
-
-    device: str
-    task: str
-    done: int
-    total: int
-    failed: int
 
 
 class _Stop(Exception):
@@ -111,7 +101,7 @@ def collect(path: str, plan: CollectPlan, *, registry: Any = None,
                 done["measured"] += new
                 done["failed"] += failed
                 if on_progress:
-                    on_progress(Progress(label, task_name, done["measured"], total, done["failed"]))
+                    on_progress(Progress(f"measuring on {label}", done["measured"], total, task_name, done["failed"]))
                 _check_limits(plan, started, done["measured"])
 
             saver = _Saver(dataset, path)
@@ -265,7 +255,7 @@ def _remeasure_task(dataset: Dataset, task: Any, rows: list[Measurement], device
         done["measured"] += len(part)
         done["failed"] += sum(r.latency is None for r in results)
         if on_progress:
-            on_progress(Progress(label, task.name, done["measured"], total, done["failed"]))
+            on_progress(Progress(f"measuring on {label}", done["measured"], total, task.name, done["failed"]))
 
 
 class _Counts:
@@ -370,7 +360,7 @@ def _measurer(registry: Any, plan: CollectPlan, target: Any, path: str) -> Itera
 def _anchor_progress(on_progress: Callable[[Progress], None] | None, label: str) -> Callable[[str, int, int], None]:
     def report(task_name: str, done: int, total: int) -> None:
         if on_progress:
-            on_progress(Progress(f"{label}, anchors", task_name, done, total, 0))
+            on_progress(Progress(f"measuring on {label}, anchors", done, total, task_name))
     return report
 
 

@@ -141,7 +141,7 @@ def test_fine_tuning_on_a_second_device_changes_its_predictions_only(shipped):
     model = CDMPPModel(weights="none")
     steps: list[int] = []
     model.learn([(t, c, r) for t, c, r, _ in _groups(shipped, first, "zoo:resnet-18")], steps=120,
-                on_step=lambda step, total, loss: steps.append(step))
+                on_progress=lambda p: steps.append(p.done - 1))
     assert steps == list(range(120))  # the steps asked for, also when training from scratch
     task, candidates, _, _ = _groups(shipped, first, "zoo:bert-tiny")[0]
 

@@ -61,11 +61,8 @@ def _train(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     train = measured_groups(dataset, train_rows)
     _features(model, train, "features")
-    with render.progress(transient=args.json) as display:
-        bar = display.add_task("training", total=None)
-        report = model.learn([(t, c, r) for t, c, r, _ in train],
-                             on_step=lambda step, steps, loss: display.update(
-                                 bar, completed=step + 1, total=steps, description=f"training (loss {loss:.3f})"))
+    with render.tracker(transient=args.json) as on_progress:
+        report = model.learn([(t, c, r) for t, c, r, _ in train], on_progress=on_progress)
     if not report["programs"]:
         raise UsageError(f"{args.dataset}: no programs to train on (none ran, or on devices cdmpp cannot describe)")
     workloads = sorted({w for r in train_rows for w in dataset.tasks[r.task_key].workloads})
@@ -107,12 +104,9 @@ def _adapt(args: argparse.Namespace) -> int:
                for task, candidates, _, _ in groups}
     chosen = select_tasks(by_task, args.tasks, args.seed)
     options = parse_options(args.option, [args.measurer])
-    with render.progress(transient=args.json) as display:
-        bar = display.add_task("measuring", total=None)
+    with render.tracker(transient=args.json) as on_progress:
         measured = remeasure(args.dataset, args.target, per_task=args.per_task, task_keys=set(chosen),
-                             measurer_name=args.measurer, options=options, seed=args.seed,
-                             on_progress=lambda p: display.update(bar, completed=p.done, total=p.total,
-                                                                  description=f"measuring on {p.device}"))
+                             measurer_name=args.measurer, options=options, seed=args.seed, on_progress=on_progress)
     dataset = Dataset.load(args.dataset)
     new = measured_groups(dataset, [r for key in chosen for r in dataset.rows_of(key, measured["device_id"])])
     report = model.learn([(t, c, r) for t, c, r, _ in new], steps=args.steps)

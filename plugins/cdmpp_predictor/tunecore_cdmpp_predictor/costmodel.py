@@ -23,6 +23,7 @@ from tunecore.interfaces import (
     Candidate,
     CostModel,
     MeasureResult,
+    Progress,
     Task,
     UsageError,
     check_options,
@@ -151,18 +152,18 @@ class CDMPPModel(CostModel):
         self.learn(batches)
 
     def learn(self, batches: Sequence[tuple[Task, Sequence[Candidate], Sequence[MeasureResult]]],
-              steps: int | None = None, on_step: Callable[[int, int, float], None] | None = None) -> dict[str, Any]:
-        """``update_all`` with a say in the number of steps and a callback ``on_step(step, steps, loss)``;
-        what it learned from (programs, per device), what it trained, and the last loss."""
+              steps: int | None = None, on_progress: Callable[[Progress], None] | None = None) -> dict[str, Any]:
+        """``update_all`` with a say in the number of steps, reporting each step to ``on_progress`` (stage
+        "training"); returns what it learned from (programs, per device), what it trained, and the last loss."""
         added = [key for task, candidates, results in batches for key in self._add(task, candidates, results)]
         mode = "adapters" if self.predictor.trained else "shared network"
         loss = math.nan
         if added:
-            loss = self._learn(added, steps, on_step)
+            loss = self._learn(added, steps, on_progress)
         return {"programs": len(added), "devices": dict(collections.Counter(key[2] for key in added)),
                 "trained": mode, "loss": loss}
 
-    def _learn(self, added: Sequence[tuple], steps: int | None, on_step: Any = None) -> float:
+    def _learn(self, added: Sequence[tuple], steps: int | None, on_progress: Any = None) -> float:
         """Untrained, the model trains its shared network on everything. Trained, new data on a device
         whose data this model trained the shared network on (a run or a dataset it learned from scratch)
         trains the shared network further; new data on any other device (weights from a file, a device
@@ -172,19 +173,19 @@ class CDMPPModel(CostModel):
             self.own_devices = {key[2] for key in self.pool}
             # a first round of a few dozen programs still needs a few hundred steps to learn anything
             steps = steps or max(_MIN_STEPS, self.epochs * math.ceil(len(self.pool) / self.batch_size))
-            return self._fit(list(self.pool), steps, None, (), on_step)
+            return self._fit(list(self.pool), steps, None, (), on_progress)
         steps = steps or max(self.online_steps, self.epochs * math.ceil(len(added) / self.batch_size))
         loss = math.nan
         new_devices = {key[2] for key in added}
         if new_devices & self.own_devices:
             keys = [k for k in self.pool if k[2] in self.own_devices]
-            loss = self._fit(keys, steps, None, [k for k in added if k[2] in self.own_devices], on_step)
+            loss = self._fit(keys, steps, None, [k for k in added if k[2] in self.own_devices], on_progress)
         for device in sorted(new_devices - self.own_devices):
             keys = [k for k in self.pool if k[2] == device]
-            loss = self._fit(keys, steps, device, [k for k in added if k[2] == device], on_step)
+            loss = self._fit(keys, steps, device, [k for k in added if k[2] == device], on_progress)
         return loss
 
-    def _fit(self, keys: list, steps: int, adapter: str | None, emphasis: Sequence[tuple], on_step: Any) -> float:
+    def _fit(self, keys: list, steps: int, adapter: str | None, emphasis: Sequence[tuple], on_progress: Any) -> float:
         programs = [self.pool[k][0] for k in keys]
         devices = np.stack([self.pool[k][1] for k in keys])
         latencies = np.array([self.pool[k][2] for k in keys])
@@ -196,7 +197,8 @@ class CDMPPModel(CostModel):
         return self.predictor.fit(programs, devices, latencies, steps=steps, adapter=adapter,
                                   batch_size=self.batch_size, lr=self.lr, sample_weights=weights,
                                   seed=int(self.rng.integers(2**31)),
-                                  on_step=None if on_step is None else lambda i, loss: on_step(i, steps, loss))
+                                  on_step=None if on_progress is None
+                                  else lambda i, loss: on_progress(Progress("training", i + 1, steps, loss=loss)))
 
     # predicting
 

@@ -35,13 +35,7 @@ def cmd_ncu(args: argparse.Namespace) -> int:
     if not os.path.exists(args.dataset):
         raise UsageError(f"--dataset {args.dataset}: no such file")
     workloads, devices = args.workloads, args.devices or []
-    display = render.progress(transient=True)
-    job = display.add_task("profiling", total=None)
-
-    def on_progress(counts: dict[str, Any]) -> None:
-        display.update(job, total=counts["total"], completed=counts["profiled"] + counts["failed"])
-
-    with display:
+    with render.tracker(transient=True) as on_progress:
         out = profile_dataset(args.dataset, limit=args.limit, per_task=args.per_task, workloads=workloads,
                               devices=devices, max_latency=args.max_latency, timeout=args.timeout, seed=args.seed,
                               on_progress=on_progress)

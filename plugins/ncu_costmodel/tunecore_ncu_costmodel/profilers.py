@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Any, Callable, Sequence
 
-from tunecore.interfaces import Artifact, MeasureResult, Profiler, Task
+from tunecore.interfaces import Artifact, MeasureResult, Profiler, Progress, Task
 from tunecore_ncu_costmodel import cpu, ncu_csv
 
 EVERY = 8
@@ -88,7 +88,7 @@ class NcuProfiler(_Sampling):
 def profile_dataset(path: str, *, limit: int, per_task: int | None = None, workloads: Sequence[str] = (),
                     devices: Sequence[str] = (),
                     max_latency: float = 0.05, timeout: float = 120.0, seed: int = 0, save_every: float = 60.0,
-                    on_progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+                    on_progress: Callable[[Progress], None] | None = None) -> dict[str, Any]:
     """Add CPU profile metrics to up to ``limit`` rows of a dataset measured on this machine's device, in place.
 
     Rows are taken round-robin over tasks (in a seeded order within each), so any ``limit`` covers the tasks
@@ -185,7 +185,8 @@ def profile_dataset(path: str, *, limit: int, per_task: int | None = None, workl
                     _failed(row, counts)
                 builder.discard(artifact)
             if on_progress:
-                on_progress(dict(counts))
+                on_progress(Progress("profiling", counts["profiled"] + counts["failed"], counts["total"],
+                                     dataset.tasks[rows[-1].task_key].name, counts["failed"]))
             if time.perf_counter() - saved > save_every:
                 dataset.save(path)
                 saved = time.perf_counter()

@@ -170,9 +170,6 @@ def _train(model: Any, examples: list, steps: int, args: argparse.Namespace, lr:
     """tlm's training loop (training.train) with a progress bar, resuming from and writing ``OUT.ckpt``."""
     from tunecore_tlm_generator.training import CHECKPOINT, train
 
-    with render.progress(transient=args.json) as display:
-        bar = display.add_task("training", total=steps)
+    with render.tracker(transient=args.json) as on_progress:
         return train(model, examples, steps, batch_size=args.batch_size, lr=lr, schedule=schedule, seed=args.seed,
-                     checkpoint=args.out + CHECKPOINT, settings=settings,
-                     on_step=lambda done, loss: display.update(bar, completed=done,
-                                                               description=f"training (loss {loss:.3f})"))
+                     checkpoint=args.out + CHECKPOINT, settings=settings, on_progress=on_progress)

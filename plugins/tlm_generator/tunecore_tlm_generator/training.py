@@ -11,6 +11,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from tunecore.interfaces import Progress
 from tunecore_tlm_generator.sentences import SketchPrompt, Unexpressible
 
 
@@ -118,10 +119,10 @@ CHECKPOINT_EVERY = 100
 
 def train(model: Any, examples: list, steps: int, *, batch_size: int, lr: float, schedule: str, seed: int,
           checkpoint: str | None = None, settings: dict[str, Any] | None = None,
-          on_step: Callable[[int, float], None] | None = None) -> float:
+          on_progress: Callable[[Progress], None] | None = None) -> float:
     """Train with AdamW for ``steps`` (``schedule``: "cosine" with warm-up, or "constant"), resuming from
     ``checkpoint`` when it was written with the same ``settings`` and writing it every CHECKPOINT_EVERY steps;
-    ``on_step(steps done, loss)``. Returns the last step's loss."""
+    reporting each step to ``on_progress`` (stage "training"). Returns the last step's loss."""
     import torch
 
     from tunecore.interfaces import load_model_torch, save_model_torch
@@ -145,8 +146,8 @@ def train(model: Any, examples: list, steps: int, *, batch_size: int, lr: float,
         def step(i: int, value: float, base: int = done) -> None:
             for group in optimizer.param_groups:
                 group["lr"] = lr * factor(base + i)
-            if on_step:
-                on_step(base + i, value)
+            if on_progress:
+                on_progress(Progress("training", base + i, steps, loss=value))
 
         loss = lm.train_steps(model, optimizer, examples, chunk, batch_size, rng, step)
         done += chunk
