@@ -33,8 +33,8 @@ import sys
 import tempfile
 
 from tunecore import experiments
-from tunecore.bench import copy_sqlite, curve
 from tunecore.experiments import command_line, environment, write_results
+from tunecore.experiments.matrix import copy_sqlite, curve
 
 # Transfer-Tuning (PACT'22), its abstract and section 6: share of Ansor's maximum speedup reached, and how
 # many times more search time Ansor needed to reach Transfer-Tuning's speedup.

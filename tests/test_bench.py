@@ -51,11 +51,11 @@ def test_tiny_matrix_writes_every_output_and_a_report(tmp_path):
 
 
 def test_an_interrupted_matrix_resumes_without_measuring_again(tmp_path):
-    from tunecore import bench
+    from tunecore.experiments import matrix
     from tunecore.store.sqlite import SqliteStore
 
     out = str(tmp_path / "m")
-    cells = bench.plan(["op:matmul-64"], ["random"], ["none"], seeds=2)
+    cells = matrix.plan(["op:matmul-64"], ["random"], ["none"], seeds=2)
     rounds = []
 
     def interrupt_in_second_cell(report):
@@ -64,8 +64,8 @@ def test_an_interrupted_matrix_resumes_without_measuring_again(tmp_path):
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        bench.run_matrix(cells, TuneConfig("", trials=16), out=out, on_round=interrupt_in_second_cell)
-    results = bench.load_results(out)
+        matrix.run_matrix(cells, TuneConfig("", trials=16), out=out, on_round=interrupt_in_second_cell)
+    results = matrix.load_results(out)
     assert list(results["cells"]) == [cells[0].id]  # the interrupted cell is not recorded as done
 
     def records(cell):
@@ -80,7 +80,7 @@ def test_an_interrupted_matrix_resumes_without_measuring_again(tmp_path):
     assert len(before) == 8
 
     skipped = []
-    bench.run_matrix(cells, TuneConfig("", trials=16), out=out, on_cell=lambda i, c, s: skipped.append(s))
+    matrix.run_matrix(cells, TuneConfig("", trials=16), out=out, on_cell=lambda i, c, s: skipped.append(s))
     assert skipped == [True, False]
     after, runs = records(cells[1])
     assert len(after) == 16 and len({r.key for r in after}) == 16
@@ -88,7 +88,7 @@ def test_an_interrupted_matrix_resumes_without_measuring_again(tmp_path):
     assert [r["summary"]["trials_measured"] for r in runs] == [8, 8]
     first_cell_records, first_cell_runs = records(cells[0])
     assert len(first_cell_records) == 16 and len(first_cell_runs) == 1  # the finished cell was not run again
-    cell = bench.load_results(out)["cells"][cells[1].id]
+    cell = matrix.load_results(out)["cells"][cells[1].id]
     assert cell["status"] == "finished" and cell["curve"]["trials"][-1] == 16
 
 
@@ -112,11 +112,12 @@ def test_bad_matrix_input_is_one_line_and_exit_2(tmp_path):
 
 
 def test_a_network_cell_is_compiled_and_timed_end_to_end(tmp_path):
-    from tunecore import bench, report
+    from tunecore import report
+    from tunecore.experiments import matrix
 
     out = str(tmp_path / "m")
-    (cell,) = bench.plan(["zoo:bert-tiny"], ["random"], ["none"], seeds=1)
-    results = bench.run_matrix([cell], TuneConfig("", trials=42), out=out)  # 14 tasks
+    (cell,) = matrix.plan(["zoo:bert-tiny"], ["random"], ["none"], seeds=1)
+    results = matrix.run_matrix([cell], TuneConfig("", trials=42), out=out)  # 14 tasks
     entry = results["cells"][cell.id]
     assert entry["status"] == "finished" and entry["trials_total"] == 42
     e2e = entry["e2e"]
@@ -132,7 +133,7 @@ def test_a_network_cell_is_compiled_and_timed_end_to_end(tmp_path):
     store = SqliteStore(os.path.join(out, cell.store_path))
     weights = {t.task_id: t.weight for t in store.get_tasks()}
     store.close()
-    started = bench.curve(os.path.join(out, cell.store_path), run_key=cell.id, start_s=dict.fromkeys(weights, 1.0))
+    started = matrix.curve(os.path.join(out, cell.store_path), run_key=cell.id, start_s=dict.fromkeys(weights, 1.0))
     assert started["trials"][0] == 1
     assert sum(weights.values()) - max(weights.values()) < started["best_s"][0] < sum(weights.values())
     assert started["best_s"] == sorted(started["best_s"], reverse=True)
@@ -141,7 +142,7 @@ def test_a_network_cell_is_compiled_and_timed_end_to_end(tmp_path):
 
 
 def test_a_search_that_asks_no_cost_model_gets_one_cell_not_one_per_cost_model():
-    from tunecore import bench
+    from tunecore.experiments import matrix
 
-    cells = bench.plan(["op:matmul-64"], ["random", "ansor"], ["none", "xgb"], seeds=1, without_cost_model=["random"])
+    cells = matrix.plan(["op:matmul-64"], ["random", "ansor"], ["none", "xgb"], seeds=1, without_cost_model=["random"])
     assert [(c.search, c.cost_model) for c in cells] == [("random", "none"), ("ansor", "none"), ("ansor", "xgb")]

@@ -253,3 +253,30 @@ def test_fleet_status_lists_the_devices_per_key(fleet):
     status = cli_json(run_cli("fleet", "status", "--tracker", fleet.address, "--json"))
     assert sorted(status["keys"][fleet.key]["servers"]) == sorted(f"127.0.0.1:{p}" for p in fleet.ports())
     assert_one_line_exit_2(run_cli("fleet", "status", "--tracker", "nowhere"), "--tracker must be HOST:PORT")
+
+
+def test_a_tracker_that_dies_while_answering_is_unavailable_not_a_crash():
+    """The device server's watchdog lists the tracker every half second; a tracker killed between accepting and
+    answering (a restart) must read as "unavailable", not end the server (seen in CI: the server died)."""
+    import socket
+    import struct
+
+    from tvm.rpc import base
+
+    from tunecore.measure.rpc import Tracker
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def accept_then_die() -> None:
+        connection, _ = listener.accept()
+        connection.recv(4)
+        connection.sendall(struct.pack("<i", base.RPC_TRACKER_MAGIC))  # the handshake, then gone
+        connection.close()
+
+    thread = threading.Thread(target=accept_then_die)
+    thread.start()
+    with pytest.raises(MeasurerUnavailable, match="lost the RPC tracker"):
+        Tracker(("127.0.0.1", port)).servers("any")
+    thread.join()
+    listener.close()

@@ -34,8 +34,9 @@ def add_commands(register: Any) -> None:
 def cmd_bench(args: argparse.Namespace) -> int:
     from rich.progress import TextColumn
 
-    from tunecore import bench, report
+    from tunecore import report
     from tunecore.api import TuneConfig
+    from tunecore.experiments import matrix
     from tunecore.options import parse_options
     from tunecore.registry import Registry
 
@@ -45,17 +46,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if without_cost_model and cost_models != ["none"]:
         print(f"tunecore: note: {', '.join(without_cost_model)} use(s) no cost model: one cell per model and seed, "
               "with the cost model none", file=sys.stderr)
-    cells = bench.plan(args.model, searches, cost_models, args.seeds, without_cost_model)
+    cells = matrix.plan(args.model, searches, cost_models, args.seeds, without_cost_model)
     settings = TuneConfig("", trials=args.trials, target=args.target, measurer=args.measurer,
                           options=parse_options(args.option, [*searches, *cost_models, args.measurer]),
                           scheduler=args.scheduler)
     display = render.progress(TextColumn("{task.fields[note]}"))
-    matrix = display.add_task("cells", total=len(cells), note="")
+    cells_bar = display.add_task("cells", total=len(cells), note="")
     cell_bar = display.add_task("trials", total=args.trials, note="")
 
     def on_cell(index: int, cell: Any, skipped: bool) -> None:
         display.start()  # only once the matrix was checked: a refused command prints one line
-        display.update(matrix, completed=index, note=cell.id + (" (finished earlier)" if skipped else ""))
+        display.update(cells_bar, completed=index, note=cell.id + (" (finished earlier)" if skipped else ""))
         display.reset(cell_bar, total=args.trials)
 
     def on_round(r: Any) -> None:
@@ -63,9 +64,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
                        note=f"best {render.best(r.estimated_latency)}, errors {r.errors}")
 
     try:
-        results = bench.run_matrix(cells, settings, out=args.out, seed_store=args.store, e2e=not args.no_e2e,
-                                   on_cell=on_cell, on_round=on_round)
-        display.update(matrix, completed=len(cells), note="")
+        results = matrix.run_matrix(cells, settings, out=args.out, seed_store=args.store, e2e=not args.no_e2e,
+                                    on_cell=on_cell, on_round=on_round)
+        display.update(cells_bar, completed=len(cells), note="")
     finally:
         render.stop(display)
     report.write_markdown_and_plots(results, args.out)
@@ -76,10 +77,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from tunecore import bench, report
+    from tunecore import report
+    from tunecore.experiments import matrix
 
-    results = bench.load_results(args.directory)
+    results = matrix.load_results(args.directory)
     if results is None:
-        raise UsageError(f"{args.directory}: no {bench.RESULTS} (run `tunecore bench --out {args.directory}` first)")
+        raise UsageError(f"{args.directory}: no {matrix.RESULTS} (run `tunecore bench --out {args.directory}` first)")
     print(report.write_html(results, args.directory))
     return 0

@@ -34,7 +34,8 @@ def add_commands(register: Any) -> None:
 
 
 def cmd_fleet(args: argparse.Namespace) -> int:
-    from tunecore.measure.rpc import Tracker, parse_address, serve
+    from tunecore.measure.board import serve
+    from tunecore.measure.rpc import Tracker, parse_address
 
     if args.fleet_command == "tracker":
         from tvm.rpc.tracker import Tracker as TvmTracker

@@ -154,8 +154,9 @@ def run_matrix(
     Anything the user got wrong is refused before the first cell; a cell whose run fails is
     recorded with its error and the matrix goes on.
     """
-    from tunecore import api, experiments
+    from tunecore import api
     from tunecore.compile import compile_and_check
+    from tunecore.experiments.results import environment
     from tunecore.registry import Registry
     from tunecore.store.sqlite import SqliteStore
     from tunecore.targets import resolve_target
@@ -185,7 +186,7 @@ def run_matrix(
     elif results["settings"] != shared:
         changed = ", ".join(k for k in _SETTINGS if results["settings"].get(k) != shared[k])
         raise UsageError(f"{out} holds a matrix with other settings ({changed}); use another --out")
-    results["environment"] = experiments.environment(tvm_target)
+    results["environment"] = environment(tvm_target)
     results["trials"] = trials
 
     for index, cell in enumerate(cells):

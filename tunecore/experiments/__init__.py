@@ -1,0 +1,41 @@
+"""The experiment layer: what the benchmark scripts under bench/ and ``tunecore bench`` share, above the core.
+
+``runs``: each tuner in a timed child process; ``timing``: timing things together so that the machine's drift
+falls on all alike; ``results``: the environment record and the result files; ``matrix``: ``tunecore bench``'s
+matrix of workloads x searches x cost models x seeds. The names scripts use are importable from here.
+"""
+
+from tunecore.experiments.results import (
+    command_line,
+    environment,
+    environment_line,
+    script_parser,
+    split_tables,
+    write_results,
+)
+from tunecore.experiments.runs import (
+    BUILDER_TIMEOUT_S,
+    best_candidates,
+    cached_run,
+    remove_sqlite,
+    run_metaschedule,
+    run_metaschedule_for,
+    run_timed,
+    run_tunecore,
+)
+from tunecore.experiments.timing import (
+    build_from_store,
+    median_call_seconds,
+    pass_orders,
+    passes_together,
+    remeasure_passes,
+    remeasure_together,
+    time_builds_together,
+)
+
+__all__ = [
+    "BUILDER_TIMEOUT_S", "best_candidates", "build_from_store", "cached_run", "command_line", "environment",
+    "environment_line", "median_call_seconds", "pass_orders", "passes_together", "remeasure_passes",
+    "remeasure_together", "remove_sqlite", "run_metaschedule", "run_metaschedule_for", "run_timed", "run_tunecore",
+    "script_parser", "split_tables", "time_builds_together", "write_results",
+]

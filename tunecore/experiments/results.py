@@ -1,0 +1,77 @@
+"""Result files of experiments: the environment they ran in, their command line, and JSON + markdown under
+bench/results/."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Sequence
+
+
+def environment(target: Any = None) -> dict[str, Any]:
+    """Where an experiment ran: CPU, cores, target (default: this machine), device, versions, installed plugins."""
+    import importlib.metadata
+    import platform
+
+    from tunecore.registry import describe_plugins
+    from tunecore.targets import device_descriptor, resolve_target
+    from tunecore.tvmjson import target_to_json
+
+    this_machine = resolve_target("llvm")
+    host = device_descriptor(this_machine)
+    device = host if target is None else device_descriptor(target)
+    target = this_machine if target is None else target
+    return {
+        "cpu": host.get("cpu") or platform.processor(),
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "target": json.loads(target_to_json(target)),
+        "device": device,
+        "versions": {d: importlib.metadata.version(d) for d in ("apache-tvm", "apache-tvm-ffi", "tunecore")},
+        "plugins": describe_plugins(),
+    }
+
+def script_parser(doc: str, script: str) -> argparse.ArgumentParser:
+    """The argument parser of a benchmark script: described by its docstring's first line, with ``--out``
+    (default: the ``results`` folder beside the script)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(script)), "results"),
+                        help="where <name>.json and <name>.md are written (default: %(default)s)")
+    return parser
+
+def command_line(script: str) -> str:
+    """How this benchmark was invoked, for the report."""
+    return " ".join(["python", f"bench/{script}", *sys.argv[1:]])
+
+def environment_line(report: dict, threads: int | None = None) -> str:
+    """The line of a results markdown that says where and how it was measured."""
+    env = report["environment"]
+    cores = f"{env['cores']} cores" + (f", kernels on {threads} threads" if threads is not None else "")
+    return (f"CPU: {env['cpu']} ({cores}), target `{json.dumps(env['target'])}`, "
+            f"TVM {env['versions']['apache-tvm']}. Command: `{report['command']}`.")
+
+def split_tables(results: dict[str, dict], columns: Sequence[str]) -> list[str]:
+    """Markdown lines: per split of ``tunecore.dataset.evaluate`` results, its sizes and a row per cost model."""
+    from tunecore.cli.render import cell
+
+    lines = []
+    for name, result in results.items():
+        lines += [f"## {name}: `{result['split']}`", "",
+                  f"train {result['train']['measurements']} measurements, test {result['test']['measurements']} "
+                  f"programs in {result['test']['groups']} task x device groups", "",
+                  "| cost model | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
+        for model, metrics in {**result["models"], **result.get("references", {})}.items():
+            lines.append(f"| {model} | " + " | ".join(cell(metrics.get(c)) for c in columns) + " |")
+        lines.append("")
+    return lines
+
+def write_results(out_dir: str, name: str, report: dict, markdown: str) -> None:
+    """bench/results/<name>.json and .md; the markdown is also printed."""
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
+        json.dump(report, f, indent=2)
+    with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
+        f.write(markdown)
+    print(markdown)
