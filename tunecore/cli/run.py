@@ -47,14 +47,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         then=args.then, cost_model=args.cost_model, measurer=args.measurer, store=args.store, seed=args.seed,
         options=parse_options(args.option, names), scheduler=args.scheduler, round_size=args.round_size,
     )
-    for note in api.notes(config):
-        print(f"tunecore: note: {note}", file=sys.stderr)
     display = render.progress(TextColumn("trials"), TextColumn("best {task.fields[best]}"),
                               TextColumn("errors {task.fields[errors]}"),
                               after=(TextColumn("ETA"), TimeRemainingColumn()), transient=args.json)
     bar: dict[str, Any] = {}
 
-    def on_tasks(tasks: list) -> None:
+    def on_tasks(tasks: list) -> None:  # the run starts: everything was checked
+        for note in [] if "id" in bar else api.notes(config):
+            print(f"tunecore: note: {note}", file=sys.stderr)
         bar["id"] = display.add_task(f"tuning {args.model}", total=args.trials, best="-", errors=0)
         display.start()
 
