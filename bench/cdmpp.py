@@ -25,7 +25,7 @@ from tunecore import experiments
 from tunecore.dataset.evaluate import evaluate, measured_groups
 from tunecore.dataset.split import CDMPP_PROTOCOL, device_of, split, with_fine_tuning
 from tunecore.dataset.table import Dataset
-from tunecore.experiments import command_line, environment, split_tables, write_results
+from tunecore.experiments import command_line, dataset_line, dataset_record, environment, split_tables, write_results
 
 CROSS_MODEL = "workload:zoo:resnet-18,zoo:mobilenet-v2,zoo:bert-tiny"
 COLUMNS = ("mape", "mape_task_normalised", "rmse_ms", "spearman", "pairwise_accuracy", "recall@1", "recall@5",
@@ -103,9 +103,7 @@ def main() -> None:
     report = {
         "command": command_line("cdmpp.py"),
         "environment": environment(),
-        "dataset": {"path": args.dataset, "rows": info["rows"], "measured": info["measured"], "tasks": info["tasks"],
-                    "devices": {d: v["description"] for d, v in info["devices"].items()}, "primary": primary,
-                    "held_out_device": held_out},
+        "dataset": dataset_record(args.dataset, info, primary=primary, held_out_device=held_out),
         "finetune_tasks": [dataset.tasks[k].name for k in chosen],
         "results": {name: evaluate(dataset, s, models, seed=args.seed, group_size=args.group_size)
                     for name, s in splits.items()},
@@ -119,8 +117,7 @@ def markdown(report: dict) -> str:
     lines = [
         "# CDMPP beside xgb on the shipped dataset",
         "",
-        f"Dataset `{data['path']}`: {data['measured']} measured programs ({data['rows']} rows) of {data['tasks']} "
-        f"tasks on {len(data['devices'])} devices; cross-model on {data['devices'][data['primary']]}, cross-device "
+        f"{dataset_line(data)}; cross-model on {data['devices'][data['primary']]}, cross-device "
         f"holds out {data['devices'][data['held_out_device']]}. Fine-tuning tasks (KMeans): "
         f"{', '.join(report['finetune_tasks'])}.",
         f"Command: `{report['command']}`. Paper (TenSet, GPUs and CPUs): 14.03% MAPE cross-model, 10.85% "

@@ -18,7 +18,7 @@ from tunecore import experiments
 from tunecore.dataset.evaluate import evaluate
 from tunecore.dataset.split import CDMPP_PROTOCOL, split
 from tunecore.dataset.table import Dataset
-from tunecore.experiments import command_line, environment, split_tables, write_results
+from tunecore.experiments import command_line, dataset_line, dataset_record, environment, split_tables, write_results
 
 CROSS_MODEL = "workload:zoo:resnet-18,zoo:mobilenet-v2,zoo:bert-tiny"
 COLUMNS = ("spearman", "pairwise_accuracy", "recall@1", "recall@5", "recall@32", "top1_score", "top5_score",
@@ -47,8 +47,7 @@ def main() -> None:
     report = {
         "command": command_line("costmodel_eval.py"),
         "environment": environment(),
-        "dataset": {"path": args.dataset, "rows": info["rows"], "measured": info["measured"], "tasks": info["tasks"],
-                    "devices": {d: v["description"] for d, v in info["devices"].items()}, "primary": primary},
+        "dataset": dataset_record(args.dataset, info, primary=primary),
         "results": {name: evaluate(dataset, s, models, seed=args.seed, group_size=args.group_size)
                     for name, s in splits.items()},
     }
@@ -60,8 +59,7 @@ def markdown(report: dict) -> str:
     lines = [
         "# Cost models on the shipped dataset",
         "",
-        f"Dataset `{data['path']}`: {data['measured']} measured programs ({data['rows']} rows) of {data['tasks']} "
-        f"tasks on {len(data['devices'])} devices; primary device {data['devices'][data['primary']]}.",
+        f"{dataset_line(data)}; primary device {data['devices'][data['primary']]}.",
         f"Command: `{report['command']}`.",
         "",
     ]

@@ -7,6 +7,8 @@ matrix of workloads x searches x cost models x seeds. The names scripts use are 
 
 from tunecore.experiments.results import (
     command_line,
+    dataset_line,
+    dataset_record,
     environment,
     environment_line,
     script_parser,
@@ -34,7 +36,8 @@ from tunecore.experiments.timing import (
 )
 
 __all__ = [
-    "BUILDER_TIMEOUT_S", "best_candidates", "build_from_store", "cached_run", "command_line", "environment",
+    "BUILDER_TIMEOUT_S", "best_candidates", "build_from_store", "cached_run", "command_line", "dataset_line",
+    "dataset_record", "environment",
     "environment_line", "median_call_seconds", "pass_orders", "passes_together", "remeasure_passes",
     "remeasure_together", "remove_sqlite", "run_metaschedule", "run_metaschedule_for", "run_timed", "run_tunecore",
     "script_parser", "split_tables", "time_builds_together", "write_results",

@@ -52,6 +52,18 @@ def environment_line(report: dict, threads: int | None = None) -> str:
     return (f"CPU: {env['cpu']} ({cores}), target `{json.dumps(env['target'])}`, "
             f"TVM {env['versions']['apache-tvm']}. Command: `{report['command']}`.")
 
+def dataset_record(path: str, info: dict[str, Any], **more: Any) -> dict[str, Any]:
+    """What a result file says about the dataset it evaluated on (``info``: ``Dataset.info()``)."""
+    return {"path": path, "rows": info["rows"], "measured": info["measured"], "tasks": info["tasks"],
+            "devices": {d: v["description"] for d, v in info["devices"].items()}, **more}
+
+
+def dataset_line(data: dict[str, Any]) -> str:
+    """The sentence a result page opens with about its dataset (``data``: ``dataset_record``)."""
+    return (f"Dataset `{data['path']}`: {data['measured']} measured programs ({data['rows']} rows) of {data['tasks']} "
+            f"tasks on {len(data['devices'])} devices")
+
+
 def split_tables(results: dict[str, dict], columns: Sequence[str]) -> list[str]:
     """Markdown lines: per split of ``tunecore.dataset.evaluate`` results, its sizes and a row per cost model."""
     from tunecore.cli.render import cell
