@@ -14,21 +14,31 @@ def cnn(tmp_path_factory):
     return str(path)
 
 
+def _tasks(cnn, layout, *more):
+    return cli_json(run_cli("tasks", "--model", cnn, "--layout", layout, *more, "--json"))["tasks"]
+
+
 def _task_names(cnn, layout, *more):
-    return [t["name"] for t in cli_json(run_cli("tasks", "--model", cnn, "--layout", layout, *more, "--json"))["tasks"]]
+    return [t["name"] for t in _tasks(cnn, layout, *more)]
 
 
 def test_the_blocked_layout_gives_blocked_conv_tasks_and_no_weight_transforms(cnn):
-    plain, blocked = _task_names(cnn, "nchw"), _task_names(cnn, "nchwc")
+    plain, tasks = _task_names(cnn, "nchw"), _tasks(cnn, "nchwc")
+    blocked = [t["name"] for t in tasks]
     assert not any("NCHWc" in name for name in plain)
-    # the 16- and 32-channel convs are blocked, the depthwise one too; the stem (3 channels) stays NCHW, and so
-    # does the grouped conv (computed in NCHW between transforms)
-    assert sum("conv2d_NCHWc" in name and "depthwise" not in name for name in blocked) == 2
+    # the 16- and 32-channel convs are blocked, the depthwise one too, and the 24-channel one by 8 where vectors
+    # hold 16 floats (by 8 with 8); the stem (3 channels) stays NCHW, and so does the grouped conv (computed in
+    # NCHW between transforms)
+    assert sum("conv2d_NCHWc" in name and "depthwise" not in name for name in blocked) == 3
+    assert sorted(t["args"][0][2][-1] for t in tasks if "conv2d_NCHWc" in t["name"] and "depthwise" not in t["name"]
+                  and t["args"][0][2][1] * t["args"][0][2][-1] == 32 and t["args"][1][2][0] * t["args"][1][2][-1] == 24
+                  ) == [8]
     assert sum("depthwise_conv2d_NCHWc" in name for name in blocked) == 1
     assert sum("conv2d" in name and "NCHWc" not in name for name in blocked) == 2
     # weights are transformed once at compile time: no task transforms a weight alone; activations are
-    # transformed into the blocked layout after the stem, around the grouped conv, and out of it at the end
-    assert 2 <= sum("layout_transform" in name for name in blocked) <= 4
+    # transformed into the blocked layout after the stem, around the grouped conv, from 16 to 8 lanes (one
+    # transform, not two) and out of it at the end
+    assert 2 <= sum("layout_transform" in name for name in blocked) <= 5
     assert any("transpose" in name for name in _task_names(cnn, "nhwc"))
 
 

@@ -4,8 +4,9 @@
 - ``nhwc``: every 2-D conv converted to NHWC activations and OHWI weights (Ansor's x86 advice);
 - ``nchwc``: convs converted to the blocked layout NCHW{B}c with weights OIHW{B}i{B}o, B the target's vector
   width in fp32 lanes (16 with AVX-512, 8 with AVX2), the layout of onnxruntime's MLAS and oneDNN: a kernel's
-  innermost loop is one full vector of output channels. A conv whose channels are not a multiple of B (the
-  stem's 3 input channels) stays NCHW, with layout transforms around it.
+  innermost loop is one full vector of output channels. A conv whose channels are not a multiple of B is blocked
+  by B / 2 or B / 4 where that divides them (MobileNetV2's 24 channels: NCHW8c with AVX-512), else stays NCHW (the
+  stem's 3 input channels), with layout transforms around it.
 
 The conversion runs where legalization does (``fusion_passes``), so task extraction and ``compile`` see the same
 kernels; weights are transformed once at compile time (folded when bound as constants, lifted into
@@ -65,13 +66,83 @@ def layout_passes(layout: str, target: Any) -> list:
     else:  # weights blocked by output channel only, so that depthwise convs (one input channel) convert too
         lanes = vector_lanes(target)
         desired = {"relax.nn.conv2d": [f"NCHW{lanes}c", f"OIHW{lanes}o"]}
-    converted = tvm.transform.Sequential([_full_rank_broadcasts(), relax.transform.ConvertLayout(desired)])
+    converted = tvm.transform.Sequential([_full_rank_broadcasts(), relax.transform.ConvertLayout(desired)]
+                                         + ([_narrower_blocks(lanes)] if layout == "nchwc" else []))
 
     @tvm.transform.module_pass(opt_level=0, name="ConvLayout")
     def convert(mod: Any, _context: Any) -> Any:  # a network without a 2-D conv keeps its kernels as they are
         return converted(mod) if _has_conv2d(mod) else mod
 
     return [convert]
+
+
+def narrower_block(call: Any, lanes: int) -> int:
+    """The block of an NCHW conv whose channels are not a multiple of ``lanes``: ``lanes`` / 2 or / 4 (at least 4)
+    where that divides its input and output channels (MobileNetV2's 24: 8 with AVX-512), else 0 (the stem's 3)."""
+    attrs = call.attrs
+    if (str(attrs.data_layout), str(attrs.kernel_layout), int(attrs.groups)) != ("NCHW", "OIHW", 1):
+        return 0
+    channels_in, channels_out = int(call.args[0].ty.shape[1]), int(call.args[1].ty.shape[0])
+    for block in (lanes // 2, lanes // 4):
+        if block >= 4 and channels_in % block == 0 and channels_out % block == 0:
+            return block
+    return 0
+
+
+def _narrower_blocks(lanes: int) -> Any:
+    """A pass blocking the convs ConvertLayout left in NCHW by a narrower block (``narrower_block``), between
+    layout transforms: relax's ConvertLayout cannot mix blocks (NCHW16c beside NCHW8c fails in TVM 0.27's layout
+    inference), so these convs are converted after it, each on its own."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.expr_functor import PyExprMutator, mutator
+
+    from tunecore.blocked_conv import conv_out_dtype
+
+    @mutator
+    class Narrower(PyExprMutator):
+        def visit_call_(self, call: Any) -> Any:
+            call = super().visit_call_(call)
+            if getattr(call.op, "name", None) != "relax.nn.conv2d":
+                return call
+            block = narrower_block(call, lanes)
+            if not block:
+                return call
+            attrs = call.attrs
+            data = self._blocked(call.args[0], block)
+            weight = self.builder_.emit(relax.op.layout_transform(
+                call.args[1], lambda o, i, h, w: (o // block, i, h, w, o % block)))
+            conv = self.builder_.emit(relax.op.nn.conv2d(
+                data, weight, attrs.strides, attrs.padding, attrs.dilation, 1, f"NCHW{block}c", f"OIHW{block}o",
+                f"NCHW{block}c", conv_out_dtype(call)))
+            return relax.op.layout_transform(conv, lambda n, c, h, w, b: (n, c * block + b, h, w))
+
+        def _blocked(self, data: Any, block: int) -> Any:
+            """``data`` in NCHW{block}c; from the blocked tensor it was unblocked from, when it was (one transform
+            instead of two: NCHW16c -> NCHW8c; none for NCHW8c -> NCHW -> NCHW8c)."""
+            source = self.lookup_binding(data) if isinstance(data, relax.Var) else None
+            if isinstance(source, relax.Call) and getattr(source.op, "name", None) == "relax.layout_transform":
+                blocked = source.args[0]
+                width = int(blocked.ty.shape[-1]) if getattr(blocked.ty, "ndim", 0) == 5 else 0
+                unblock = tvm.tirx.IndexMap.from_func(lambda n, c, h, w, b: (n, c * width + b, h, w),
+                                                      index_dtype="int64") if width else None
+                if unblock is not None and unblock.is_equivalent_to(source.attrs.index_map):
+                    if width == block:
+                        return blocked
+                    return self.builder_.emit(relax.op.layout_transform(
+                        blocked, lambda n, c, h, w, b: (n, (c * width + b) // block, h, w, (c * width + b) % block)))
+            return self.builder_.emit(relax.op.layout_transform(
+                data, lambda n, c, h, w: (n, c // block, h, w, c % block)))
+
+    @tvm.transform.module_pass(opt_level=0, name="NarrowerBlocks")
+    def narrower(mod: Any, _context: Any) -> Any:
+        out = mod.clone()
+        for gv, func in mod.functions.items():
+            if isinstance(func, relax.Function):
+                out[gv] = Narrower(mod).visit_expr(func)
+        return relax.transform.DeadCodeElimination()(out)
+
+    return narrower
 
 
 def _has_conv2d(mod: Any) -> bool:

@@ -200,8 +200,8 @@ def write_tiny_onnx(path, size=64):
 def write_small_cnn_onnx(path):
     """A small CNN as ONNX (needs the `onnx` package), for the layout paths: a 3-channel stem conv, a 3x3 conv
     16 -> 32 with bias and relu, a 1x1 conv with a residual add, a depthwise 3x3 conv with relu6 (Clip), a 1x1
-    conv in 2 groups, global average pooling and a matmul; input 1x3x16x16. Every channel count but the stem's
-    is a multiple of 16."""
+    conv in 2 groups, a 1x1 conv to 24 channels (blocked by 8 where vectors hold 16 floats), global average
+    pooling and a matmul; input 1x3x16x16. Every other channel count but the stem's is a multiple of 16."""
     import numpy as np
     import onnx
     from onnx import TensorProto, helper, numpy_helper
@@ -213,7 +213,8 @@ def write_small_cnn_onnx(path):
 
     weights = [weight("W1", 16, 3, 3, 3), weight("B1", 16), weight("W2", 32, 16, 3, 3), weight("B2", 32),
                weight("W3", 32, 32, 1, 1), weight("B3", 32), weight("W4", 32, 1, 3, 3), weight("W6", 32, 16, 1, 1),
-               weight("W5", 32, 10), numpy_helper.from_array(np.array(0, "float32"), "zero"),
+               weight("W7", 24, 32, 1, 1), weight("W5", 24, 10),
+               numpy_helper.from_array(np.array(0, "float32"), "zero"),
                numpy_helper.from_array(np.array(6, "float32"), "six")]
     nodes = [
         helper.make_node("Conv", ["x", "W1", "B1"], ["c1"], pads=[1, 1, 1, 1]),
@@ -226,7 +227,8 @@ def write_small_cnn_onnx(path):
         helper.make_node("Conv", ["r3", "W4"], ["c4"], pads=[1, 1, 1, 1], group=32),
         helper.make_node("Clip", ["c4", "zero", "six"], ["r4"]),
         helper.make_node("Conv", ["r4", "W6"], ["c5"], group=2),
-        helper.make_node("GlobalAveragePool", ["c5"], ["p"]),
+        helper.make_node("Conv", ["c5", "W7"], ["c6"]),
+        helper.make_node("GlobalAveragePool", ["c6"], ["p"]),
         helper.make_node("Flatten", ["p"], ["f"]),
         helper.make_node("MatMul", ["f", "W5"], ["y"]),
     ]
