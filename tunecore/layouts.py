@@ -67,7 +67,8 @@ def layout_passes(layout: str, target: Any) -> list:
         lanes = vector_lanes(target)
         desired = {"relax.nn.conv2d": [f"NCHW{lanes}c", f"OIHW{lanes}o"]}
     converted = tvm.transform.Sequential([_full_rank_broadcasts(), relax.transform.ConvertLayout(desired)]
-                                         + ([_narrower_blocks(lanes)] if layout == "nchwc" else []))
+                                         + ([_narrower_blocks(lanes), _composed_transforms()] if layout == "nchwc"
+                                            else []))
 
     @tvm.transform.module_pass(opt_level=0, name="ConvLayout")
     def convert(mod: Any, _context: Any) -> Any:  # a network without a 2-D conv keeps its kernels as they are
@@ -92,7 +93,8 @@ def narrower_block(call: Any, lanes: int) -> int:
 def _narrower_blocks(lanes: int) -> Any:
     """A pass blocking the convs ConvertLayout left in NCHW by a narrower block (``narrower_block``), between
     layout transforms: relax's ConvertLayout cannot mix blocks (NCHW16c beside NCHW8c fails in TVM 0.27's layout
-    inference), so these convs are converted after it, each on its own."""
+    inference), so these convs are converted after it, each on its own; ``_composed_transforms`` then makes
+    NCHW16c -> NCHW -> NCHW8c one transform."""
     import tvm
     from tvm import relax
     from tvm.relax.expr_functor import PyExprMutator, mutator
@@ -109,7 +111,8 @@ def _narrower_blocks(lanes: int) -> Any:
             if not block:
                 return call
             attrs = call.attrs
-            data = self._blocked(call.args[0], block)
+            data = self.builder_.emit(relax.op.layout_transform(
+                call.args[0], lambda n, c, h, w: (n, c // block, h, w, c % block)))
             weight = self.builder_.emit(relax.op.layout_transform(
                 call.args[1], lambda o, i, h, w: (o // block, i, h, w, o % block)))
             conv = self.builder_.emit(relax.op.nn.conv2d(
@@ -117,32 +120,63 @@ def _narrower_blocks(lanes: int) -> Any:
                 f"NCHW{block}c", conv_out_dtype(call)))
             return relax.op.layout_transform(conv, lambda n, c, h, w, b: (n, c * block + b, h, w))
 
-        def _blocked(self, data: Any, block: int) -> Any:
-            """``data`` in NCHW{block}c; from the blocked tensor it was unblocked from, when it was (one transform
-            instead of two: NCHW16c -> NCHW8c; none for NCHW8c -> NCHW -> NCHW8c)."""
-            source = self.lookup_binding(data) if isinstance(data, relax.Var) else None
-            if isinstance(source, relax.Call) and getattr(source.op, "name", None) == "relax.layout_transform":
-                blocked = source.args[0]
-                width = int(blocked.ty.shape[-1]) if getattr(blocked.ty, "ndim", 0) == 5 else 0
-                unblock = tvm.tirx.IndexMap.from_func(lambda n, c, h, w, b: (n, c * width + b, h, w),
-                                                      index_dtype="int64") if width else None
-                if unblock is not None and unblock.is_equivalent_to(source.attrs.index_map):
-                    if width == block:
-                        return blocked
-                    return self.builder_.emit(relax.op.layout_transform(
-                        blocked, lambda n, c, h, w, b: (n, (c * width + b) // block, h, w, (c * width + b) % block)))
-            return self.builder_.emit(relax.op.layout_transform(
-                data, lambda n, c, h, w: (n, c // block, h, w, c % block)))
-
     @tvm.transform.module_pass(opt_level=0, name="NarrowerBlocks")
     def narrower(mod: Any, _context: Any) -> Any:
         out = mod.clone()
         for gv, func in mod.functions.items():
             if isinstance(func, relax.Function):
                 out[gv] = Narrower(mod).visit_expr(func)
-        return relax.transform.DeadCodeElimination()(out)
+        return out
 
     return narrower
+
+
+def _composed_transforms() -> Any:
+    """A pass replacing a layout transform of a layout transform by one transform of the first one's input (none
+    when they cancel out): NCHW16c -> NCHW -> NCHW8c reads the blocked tensor once. The intermediate stays only
+    where something else uses it."""
+    import math
+
+    import tvm
+    from tvm import relax
+    from tvm.relax.expr_functor import PyExprMutator, mutator
+    from tvm.tirx import IndexMap
+
+    def transform_of(expr: Any) -> Any:
+        return expr if (isinstance(expr, relax.Call) and getattr(expr.op, "name", None) == "relax.layout_transform"
+                        and expr.attrs.pad_value is None) else None
+
+    @mutator
+    class Composer(PyExprMutator):
+        def visit_call_(self, call: Any) -> Any:
+            call = super().visit_call_(call)
+            outer = transform_of(call)
+            inner = None
+            if outer is not None and isinstance(call.args[0], relax.Var):
+                inner = transform_of(self.lookup_binding(call.args[0]))
+            if inner is None:
+                return call
+            source = inner.args[0]
+            sizes = [[int(d) for d in x.ty.shape] for x in (source, call.args[0])]
+            if math.prod(sizes[0]) != math.prod(sizes[1]):  # the inner one pads: not a relabelling
+                return call
+            first, second = inner.attrs.index_map, outer.attrs.index_map
+            composed = IndexMap.from_func(lambda *i: second.map_indices(first.map_indices(list(i))),
+                                          ndim=len(sizes[0]), index_dtype="int64")
+            if [int(d) for d in call.ty.shape] == sizes[0] and composed.is_equivalent_to(
+                    IndexMap.from_func(lambda *i: list(i), ndim=len(sizes[0]), index_dtype="int64")):
+                return source
+            return relax.op.layout_transform(source, composed)
+
+    @tvm.transform.module_pass(opt_level=0, name="ComposedTransforms")
+    def composed(mod: Any, _context: Any) -> Any:
+        out = mod.clone()
+        for gv, func in mod.functions.items():
+            if isinstance(func, relax.Function):
+                out[gv] = Composer(mod).visit_expr(func)
+        return relax.transform.DeadCodeElimination()(out)
+
+    return composed
 
 
 def _has_conv2d(mod: Any) -> bool:
