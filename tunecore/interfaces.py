@@ -7,10 +7,13 @@ plugin's own commands). Every other module is internal and may change between ve
 fails when a shipped plugin imports one, or a name a public module does not list in its ``__all__``.
 """
 
+from tunecore.check import task_inputs
 from tunecore.data import Candidate, MeasureResult, Record, Task, distinct
 from tunecore.errors import MeasurerUnavailable, UsageError, error_line
 from tunecore.features import N_DEVICE_FEATURES, N_FEATURES, PerStoreFeatures, device_features, program_row
-from tunecore.measure.local import LocalBuilder
+from tunecore.measure.local import LocalBuilder, OutputCheck
+from tunecore.measure.worker import PACK, checked_arguments, compare_outputs
+from tunecore.measure.worker import build as build_library
 from tunecore.modelfile import load_model_json, load_model_torch, save_model_json, save_model_torch
 from tunecore.options import check_options, is_int, is_number
 from tunecore.progress import Progress
@@ -34,9 +37,10 @@ from tunecore.tvmjson import new_schedule, replay_trace_json, target_from_json, 
 
 __all__ = [
     "Artifact", "Builder", "Candidate", "Component", "CostModel", "DesignSpace", "LocalBuilder", "MeasureResult",
-    "Measurer", "MeasurerUnavailable", "N_DEVICE_FEATURES", "N_FEATURES", "PerStoreFeatures", "Profiler",
-    "Progress", "ROLES", "ROLE_LABELS", "Record", "RecordStore", "Runner", "SearchPolicy", "Task", "TaskContext",
-    "UsageError", "check_options", "derive_seed", "device_features", "distinct", "error_line", "is_int",
-    "is_number", "load_model_json", "load_model_torch", "new_schedule", "program_row", "replay_trace_json",
-    "save_model_json", "save_model_torch", "target_from_json", "to_plain",
+    "Measurer", "MeasurerUnavailable", "N_DEVICE_FEATURES", "N_FEATURES", "OutputCheck", "PACK", "PerStoreFeatures",
+    "Profiler", "Progress", "ROLES", "ROLE_LABELS", "Record", "RecordStore", "Runner", "SearchPolicy", "Task",
+    "TaskContext", "UsageError", "build_library", "check_options", "checked_arguments", "compare_outputs",
+    "derive_seed", "device_features", "distinct", "error_line", "is_int", "is_number", "load_model_json",
+    "load_model_torch", "new_schedule", "program_row", "replay_trace_json", "save_model_json", "save_model_torch",
+    "target_from_json", "task_inputs", "to_plain",
 ]

@@ -81,7 +81,8 @@ def narrower_block(call: Any, lanes: int) -> int:
     """The block of an NCHW conv whose channels are not a multiple of ``lanes``: ``lanes`` / 2 or / 4 (at least 4)
     where that divides its input and output channels (MobileNetV2's 24: 8 with AVX-512), else 0 (the stem's 3)."""
     attrs = call.attrs
-    if (str(attrs.data_layout), str(attrs.kernel_layout), int(attrs.groups)) != ("NCHW", "OIHW", 1):
+    if (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout), int(attrs.groups)) != (
+            "NCHW", "OIHW", "NCHW", 1):
         return 0
     channels_in, channels_out = int(call.args[0].ty.shape[1]), int(call.args[1].ty.shape[0])
     for block in (lanes // 2, lanes // 4):
@@ -140,6 +141,7 @@ def _composed_transforms() -> Any:
     import tvm
     from tvm import relax
     from tvm.relax.expr_functor import PyExprMutator, mutator
+    from tvm.sym.analyzer import Analyzer
     from tvm.tirx import IndexMap
 
     def transform_of(expr: Any) -> Any:
@@ -157,14 +159,17 @@ def _composed_transforms() -> Any:
             if inner is None:
                 return call
             source = inner.args[0]
-            sizes = [[int(d) for d in x.ty.shape] for x in (source, call.args[0])]
-            if math.prod(sizes[0]) != math.prod(sizes[1]):  # the inner one pads: not a relabelling
+            sizes = [_static_shape(x) for x in (source, call.args[0], call)]
+            if None in sizes or math.prod(sizes[0]) != math.prod(sizes[1]):  # symbolic, or the inner one pads
                 return call
             first, second = inner.attrs.index_map, outer.attrs.index_map
             composed = IndexMap.from_func(lambda *i: second.map_indices(first.map_indices(list(i))),
                                           ndim=len(sizes[0]), index_dtype="int64")
-            if [int(d) for d in call.ty.shape] == sizes[0] and composed.is_equivalent_to(
-                    IndexMap.from_func(lambda *i: list(i), ndim=len(sizes[0]), index_dtype="int64")):
+            analyzer = Analyzer()  # an identity only within the indices' ranges: (c * 8 + b) // 8 is c for b < 8
+            for index, extent in zip(composed.initial_indices, sizes[0]):
+                analyzer.bind(index, tvm.ir.Range(tvm.tirx.const(0, "int64"), tvm.tirx.const(extent, "int64")))
+            if sizes[2] == sizes[0] and all(analyzer.can_prove_equal(final, initial) for final, initial
+                                            in zip(composed.final_indices, composed.initial_indices)):
                 return source
             return relax.op.layout_transform(source, composed)
 
@@ -177,6 +182,14 @@ def _composed_transforms() -> Any:
         return relax.transform.DeadCodeElimination()(out)
 
     return composed
+
+
+def _static_shape(expr: Any) -> list[int] | None:
+    """A tensor's shape as ints; None when a dimension is symbolic or the shape unknown."""
+    try:
+        return [int(d) for d in expr.ty.shape]
+    except (TypeError, AttributeError):
+        return None
 
 
 def _has_conv2d(mod: Any) -> bool:

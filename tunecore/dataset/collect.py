@@ -110,25 +110,15 @@ def collect(path: str, plan: CollectPlan, *, registry: Any = None,
             try:
                 try:
                     for key, task in tasks.items():
-                        if not needs[key]:
-                            continue
-                        phases = [(RANDOM, n_random - counts.by(key, RANDOM))] if n_random else []
-                        if guided:
-                            phases.append((plan.search, None))
-                        for search, wanted in phases:
-                            left = plan.per_task - counts.total(key)
-                            if plan.max_programs is not None:
-                                left = min(left, plan.max_programs - done["measured"])
-                            trials = left if wanted is None else min(left, wanted)
-                            if trials > 0:
-                                stopped = _tune_one(dataset, task, device_id, search, trials, plan, registry,
-                                                    measurer, on_round)
-                                # the tuner's reason when uniform sampling finds no new program (not "every
-                                # candidate failed"): the task's design space holds no more
-                                if search == RANDOM and stopped and "no new candidates" in stopped:
-                                    exhausted.append(key)
-                                    break
-                                saver.save(at_most_every=60)
+                        # rounds until the task has its usable programs: a noisy one is replaced by another
+                        while needs[key] and key not in exhausted:
+                            rows_before = len(dataset.rows_of(key, device_id))
+                            _collect_task(dataset, task, device_id, plan, registry, measurer, counts, n_random,
+                                          guided, exhausted, done, on_round)
+                            saver.save(at_most_every=60)
+                            if (counts.total(key) >= plan.per_task
+                                    or len(dataset.rows_of(key, device_id)) == rows_before):
+                                break
                 except _Stop as stop:
                     entry["stopped"] = str(stop)
                 entry.update(measured=done["measured"], failed=done["failed"])
@@ -258,6 +248,28 @@ def _remeasure_task(dataset: Dataset, task: Any, rows: list[Measurement], device
             on_progress(Progress(f"measuring on {label}", done["measured"], total, task.name, done["failed"]))
 
 
+def _collect_task(dataset: Dataset, task: Any, device_id: str, plan: CollectPlan, registry: Any, measurer: Any,
+                  counts: _Counts, n_random: int, guided: bool, exhausted: list[str], done: dict[str, int],
+                  on_round: Callable[[str, int, int], None]) -> None:
+    """One pass over a task's phases: its random share, then the guided search, each measuring what is missing."""
+    key = task.workload_hash
+    phases = [(RANDOM, n_random - counts.by(key, RANDOM))] if n_random else []
+    if guided:
+        phases.append((plan.search, None))
+    for search, wanted in phases:
+        left = plan.per_task - counts.total(key)
+        if plan.max_programs is not None:
+            left = min(left, plan.max_programs - done["measured"])
+        trials = left if wanted is None else min(left, wanted)
+        if trials > 0:
+            stopped = _tune_one(dataset, task, device_id, search, trials, plan, registry, measurer, on_round)
+            # the tuner's reason when uniform sampling finds no new program (not "every candidate failed"): the
+            # task's design space holds no more
+            if search == RANDOM and stopped and "no new candidates" in stopped:
+                exhausted.append(key)
+                return
+
+
 class _Counts:
     """Programs per task on one device, in all and by the search that collected them."""
 
@@ -269,7 +281,8 @@ class _Counts:
         return sum(map(protocol.is_usable, self.dataset.rows_of(key, self.device_id)))
 
     def by(self, key: str, collected_by: str) -> int:
-        return sum(r.collected_by == collected_by for r in self.dataset.rows_of(key, self.device_id))
+        return sum(r.collected_by == collected_by and protocol.is_usable(r)
+                   for r in self.dataset.rows_of(key, self.device_id))
 
 
 def _tune_one(dataset: Dataset, task: Any, device_id: str, search_name: str, trials: int, plan: CollectPlan,
@@ -376,8 +389,8 @@ def _check_plan(plan: CollectPlan) -> None:
         raise UsageError("name at least one model (--model)")
     if plan.per_task < 1:
         raise UsageError("per_task must be >= 1")
-    if any(not kind.strip() for kind in plan.kernels):
-        raise UsageError("kernels are operator names, e.g. conv, dense, matmul")
+    if isinstance(plan.kernels, str) or any(not kind.strip() for kind in plan.kernels):
+        raise UsageError("kernels must be a sequence of operator names, e.g. ('conv', 'dense', 'matmul')")
     if not 0 <= plan.random_fraction <= 1:
         raise UsageError("random_fraction must be between 0 and 1")
     for name, value in (("max_programs", plan.max_programs), ("time_limit", plan.time_limit)):

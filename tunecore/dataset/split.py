@@ -112,7 +112,7 @@ def _every(spec: str, value: str) -> int:
     except ValueError:
         every = 0
     if every < 2:
-        raise UsageError(f"--split {spec}: expected cdmpp:N with N an integer >= 2 (every Nth program tested)")
+        raise UsageError(f"split {spec}: expected cdmpp:N with N an integer >= 2 (every Nth program tested)")
     return every
 
 
@@ -148,5 +148,5 @@ def _fraction(spec: str, value: str) -> float:
     except ValueError:
         fraction = -1.0
     if not 0 < fraction < 1:
-        raise UsageError(f"--split {spec}: the fraction must be a number between 0 and 1")
+        raise UsageError(f"split {spec}: the fraction must be a number between 0 and 1")
     return fraction

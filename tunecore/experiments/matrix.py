@@ -203,10 +203,12 @@ def run_matrix(
                                  "seed": cell.seed, "trials": trials, "store": cell.store_path, "error": None}
         started = time.time()
         try:
+            options = options_of(settings.options, [cell.search, cell.cost_model, settings.measurer])
+            if not registry.get("search", cell.search).uses_cost_model:  # its cell runs `none`: no model options
+                options.pop("cost_model", None)
             config = dataclasses.replace(settings, model=cell.model, search=cell.search, cost_model=cell.cost_model,
                                          seed=cell.seed, store=f"sqlite:{store_file}", run_key=cell.id,
-                                         options=options_of(settings.options,
-                                                            [cell.search, cell.cost_model, settings.measurer]))
+                                         options=options)
             summary = api.tune(config, on_round=on_round)
         except (UsageError, KeyboardInterrupt):
             raise

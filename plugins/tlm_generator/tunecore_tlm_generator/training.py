@@ -125,7 +125,7 @@ def train(model: Any, examples: list, steps: int, *, batch_size: int, lr: float,
     reporting each step to ``on_progress`` (stage "training"). Returns the last step's loss."""
     import torch
 
-    from tunecore.interfaces import load_model_torch, save_model_torch
+    from tunecore.interfaces import UsageError, load_model_torch, save_model_torch
     from tunecore_tlm_generator import model as lm
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
@@ -133,7 +133,10 @@ def train(model: Any, examples: list, steps: int, *, batch_size: int, lr: float,
     settings = {**(settings or {}), "steps": steps, "batch_size": batch_size, "lr": lr}
     done = 0
     if checkpoint and os.path.exists(checkpoint):
-        saved, state = load_model_torch(checkpoint, "tlm-checkpoint", 1)
+        try:
+            saved, state = load_model_torch(checkpoint, "tlm-checkpoint", 1)
+        except UsageError:  # a checkpoint of an older version, or cut short: start over
+            saved, state = {"settings": None}, {}
         if saved["settings"] == settings:
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
