@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from tunecore import hookimpl
+from tunecore.data import MeasureResult
 from tunecore.dataset.evaluate import evaluate, ranking_metrics
 from tunecore.dataset.protocol import is_usable
 from tunecore.dataset.split import split, with_fine_tuning
@@ -14,7 +15,7 @@ from tunecore.dataset.table import Dataset, DatasetTask, Measurement
 from tunecore.errors import UsageError
 from tunecore.plugins import new_plugin_manager
 from tunecore.registry import Registry
-from tunecore.roles import CostModel
+from tunecore.roles import CostModel, Measurer
 from tunecore.testing.cli import assert_one_line_exit_2, cli_json, run_cli
 from tunecore.testing.helpers import write_tiny_onnx
 
@@ -421,3 +422,36 @@ def test_collect_kernels_takes_only_the_tasks_of_those_operators(tmp_path):
     dataset = Dataset.load(str(path))
     assert sorted(task.kernel_class for task in dataset.tasks.values()) == ["conv2d_add_relu@4d", "matmul@2d"]
     assert report["devices"][0]["measured"] == len(dataset.rows) and sum(map(is_usable, dataset.rows)) == 4
+
+
+class _HalfNoisy(Measurer):
+    """Every other program (by its key) times noisily, every time: the protocol flags it after measuring it twice."""
+
+    name = "half-noisy"
+
+    def __init__(self, target, **options):
+        super().__init__(target)
+
+    def measure(self, task, candidates):
+        return [MeasureResult(run_secs=[1e-3, 1.5e-3, 0.7e-3, 1e-3, 1.2e-3] if int(c.key, 16) % 2 else [1e-3] * 5)
+                for c in candidates]
+
+
+class _HalfNoisyPlugin:
+    @hookimpl
+    def tunecore_register_measurers(self, register):
+        register(_HalfNoisy)
+
+
+def test_collect_replaces_programs_whose_timings_stay_noisy(tmp_path):
+    from tunecore.dataset.collect import CollectPlan, collect
+    from tunecore.dataset.protocol import NOISY
+
+    pm = new_plugin_manager(autoload=False)
+    pm.register(_HalfNoisyPlugin())
+    path = str(tmp_path / "d.parquet")
+    plan = CollectPlan(["op:matmul-64"], per_task=6, random_fraction=1, measurer="half-noisy", anchors=0)
+    collect(path, plan, registry=Registry(pm))
+    rows = Dataset.load(path).rows
+    noisy = [r for r in rows if NOISY in r.profile]
+    assert sum(map(is_usable, rows)) == 6 and noisy and len(rows) == 6 + len(noisy)
