@@ -44,3 +44,28 @@ def test_library_errors_name_parameters_not_flags(tmp_path):
         collect(str(tmp_path / "d.parquet"), CollectPlan(["op:matmul-64"], per_task=0))
     with pytest.raises(UsageError, match="^trials must be >= 0$"):
         tune("op:matmul-64", trials=-1, store="memory:")
+
+
+def test_run_help_shows_the_defaults_and_what_a_target_can_be():
+    from tunecore.testing.cli import run_cli
+
+    text = " ".join(run_cli("run", "--help").stdout.split())
+    for fragment in ("(default: random;", "(default: none;", "(default: local;", "seed of every random choice",
+                     "TVM target tag, e.g. nvidia/nvidia-h100"):
+        assert fragment in text, fragment
+
+
+def test_a_seeded_mutation_is_reproducible(matmul_task):
+    """DesignSpace.mutate, the public way to mutate a trace (what ansor's evolution uses)."""
+    from tunecore.interfaces import Candidate, DesignSpace
+    from tunecore.testing import sample_candidates
+
+    (parent,) = sample_candidates(matmul_task, 1)
+    space = DesignSpace(matmul_task, seed=0)
+    children = {}
+    for mutator, _ in space.mutators():
+        keys = [Candidate.from_schedule(matmul_task, sch).key if sch is not None else None
+                for sch in (space.mutate(parent.trace, mutator, seed) for seed in (11, 11, 12))]
+        assert keys[0] == keys[1], mutator  # the same seed, the same program
+        children[str(mutator)] = keys
+    assert any(k[0] not in (None, parent.key) for k in children.values())  # some mutation changes the program
