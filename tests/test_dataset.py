@@ -455,3 +455,26 @@ def test_collect_replaces_programs_whose_timings_stay_noisy(tmp_path):
     rows = Dataset.load(path).rows
     noisy = [r for r in rows if NOISY in r.profile]
     assert sum(map(is_usable, rows)) == 6 and noisy and len(rows) == 6 + len(noisy)
+
+
+def test_kill_stops_a_collection_cleanly_with_what_it_measured_saved(tmp_path):
+    """A background collection (`nohup ... &` ignores SIGINT) is stopped with `kill`: SIGTERM saves and exits 130."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path = tmp_path / "d.parquet"
+    process = subprocess.Popen([sys.executable, "-m", "tunecore.cli", "dataset", "collect", "--model", "op:matmul-64",
+                                "--per-task", "400", "--random-fraction", "1", "--anchors", "0", "--out", str(path)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    for line in process.stderr:  # its first progress line: a round was measured
+        if "measuring on" in line:
+            break
+    time.sleep(2)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130 and "interrupted" in stderr, stderr
+    rows = Dataset.load(str(path)).rows
+    assert 0 < len(rows) < 400

@@ -1,14 +1,15 @@
 """The ``tunecore`` command: one module per subcommand, each registered through the hook
 ``tunecore_register_commands`` -- the core's by ``tunecore.builtin``, a plugin's by the plugin.
 
-Every user mistake ends as one line on stderr and exit code 2; an interrupted run exits 130 with
-everything it measured already in the store; output cut short by its reader (``| head``) ends it quietly.
+Every user mistake ends as one line on stderr and exit code 2; an interrupted run (Ctrl-C, or ``kill``: SIGTERM)
+exits 130 with everything it measured already in the store; output cut short by its reader (``| head``) ends it quietly.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from typing import Callable, Sequence
 
@@ -64,9 +65,16 @@ def build_parser(pm: object | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _interrupt(_signal: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from tunecore.measure.local import import_tvm_without_torch
 
+    # `kill PID` stops a command as Ctrl-C does, saving what it measured; a job started with `&` by a script
+    # ignores SIGINT, so SIGTERM is how such a job (nohup tunecore dataset collect ... &) is stopped
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         args = build_parser().parse_args(argv)
         import_tvm_without_torch()
