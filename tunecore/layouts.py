@@ -96,7 +96,6 @@ def _narrower_blocks(lanes: int) -> Any:
     layout transforms: relax's ConvertLayout cannot mix blocks (NCHW16c beside NCHW8c fails in TVM 0.27's layout
     inference), so these convs are converted after it, each on its own; ``_composed_transforms`` then makes
     NCHW16c -> NCHW -> NCHW8c one transform."""
-    import tvm
     from tvm import relax
     from tvm.relax.expr_functor import PyExprMutator, mutator
 
@@ -121,15 +120,7 @@ def _narrower_blocks(lanes: int) -> Any:
                 f"NCHW{block}c", conv_out_dtype(call)))
             return relax.op.layout_transform(conv, lambda n, c, h, w, b: (n, c * block + b, h, w))
 
-    @tvm.transform.module_pass(opt_level=0, name="NarrowerBlocks")
-    def narrower(mod: Any, _context: Any) -> Any:
-        out = mod.clone()
-        for gv, func in mod.functions.items():
-            if isinstance(func, relax.Function):
-                out[gv] = Narrower(mod).visit_expr(func)
-        return out
-
-    return narrower
+    return _every_function(Narrower, "NarrowerBlocks")
 
 
 def _composed_transforms() -> Any:
@@ -173,15 +164,7 @@ def _composed_transforms() -> Any:
                 return source
             return relax.op.layout_transform(source, composed)
 
-    @tvm.transform.module_pass(opt_level=0, name="ComposedTransforms")
-    def composed(mod: Any, _context: Any) -> Any:
-        out = mod.clone()
-        for gv, func in mod.functions.items():
-            if isinstance(func, relax.Function):
-                out[gv] = Composer(mod).visit_expr(func)
-        return relax.transform.DeadCodeElimination()(out)
-
-    return composed
+    return _every_function(Composer, "ComposedTransforms")
 
 
 def _static_shape(expr: Any) -> list[int] | None:
@@ -190,6 +173,23 @@ def _static_shape(expr: Any) -> list[int] | None:
         return [int(d) for d in expr.ty.shape]
     except (TypeError, AttributeError):
         return None
+
+
+def _every_function(mutator_class: Any, name: str) -> Any:
+    """A module pass applying a relax mutator (constructed with the module) to each of its Relax functions, then
+    dropping what no longer has a use."""
+    import tvm
+    from tvm import relax
+
+    @tvm.transform.module_pass(opt_level=0, name=name)
+    def every_function(mod: Any, _context: Any) -> Any:
+        out = mod.clone()
+        for gv, func in mod.functions.items():
+            if isinstance(func, relax.Function):
+                out[gv] = mutator_class(mod).visit_expr(func)
+        return relax.transform.DeadCodeElimination()(out)
+
+    return every_function
 
 
 def _has_conv2d(mod: Any) -> bool:
@@ -260,7 +260,6 @@ def _full_rank_broadcasts() -> Any:
     """A pass giving the lower-rank operand of an elementwise binary op the other's rank (a (C, 1, 1) bias
     becomes (1, C, 1, 1)), and spelling clip (relu6) as maximum and minimum, so that ConvertLayout can carry
     these ops into a conv's layout."""
-    import tvm
     from tvm import relax
     from tvm.relax.expr_functor import PyExprMutator, mutator
 
@@ -295,15 +294,7 @@ def _full_rank_broadcasts() -> Any:
             a, b = widened(a, ranks[0]), widened(b, ranks[1])
             return relax.Call(call.op, [a, b], call.attrs, call.ty_args)
 
-    @tvm.transform.module_pass(opt_level=0, name="FullRankBroadcasts")
-    def full_rank(mod: Any, _context: Any) -> Any:
-        out = mod.clone()
-        for gv, func in mod.functions.items():
-            if isinstance(func, relax.Function):
-                out[gv] = FullRank(mod).visit_expr(func)
-        return relax.transform.DeadCodeElimination()(out)
-
-    return full_rank
+    return _every_function(FullRank, "FullRankBroadcasts")
 
 
 def _as_relax_op(mod: Any, call: Any) -> Any:
