@@ -65,7 +65,7 @@ def notes(config: TuneConfig, registry: Registry | None = None) -> list[str]:
     registry.get("cost_model", config.cost_model)  # an unknown name: its one-line error, before any note
     out = []
     for search in filter(None, [config.search, config.then]):
-        if config.cost_model != "none" and not getattr(registry.get("search", search), "uses_cost_model", True):
+        if config.cost_model != "none" and not registry.get("search", search).uses_cost_model:
             out.append(f"search '{search}' does not use a cost model: --cost-model {config.cost_model} is trained "
                        "for nothing (--cost-model none runs the same search)")
     return out
