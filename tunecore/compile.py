@@ -76,6 +76,7 @@ def _build_network(mod: Any, target: Any, database: Any, layout: str = "nchw",
         return tvm.transform.Sequential([
             *fusion_passes(target, layout, winograd),  # as tasks were extracted, so the database's keys match
             relax.transform.MetaScheduleApplyDatabase(),
+            *_default_gpu_schedules(target),
             tvm.transform.module_pass(_split_layout_rewrite_preproc, opt_level=0, name="SplitLayoutRewritePreproc"),
             relax.transform.LiftTransformParams(),
             relax.transform.FoldConstant(),
@@ -84,6 +85,18 @@ def _build_network(mod: Any, target: Any, database: Any, layout: str = "nchw",
 
     with target, database, tvm.transform.PassContext(opt_level=3):
         return relax.build(mod, target=target, relax_pipeline=passes)
+
+
+def _default_gpu_schedules(target: Any) -> list:
+    """On a GPU, the kernels without a record get TVM's default GPU schedules (dlight, as relax.build's own cuda
+    pipeline gives them): an unscheduled kernel binds no GPU threads and does not build. Kernels scheduled
+    from the database are marked scheduled and left alone."""
+    if "gpu" not in target.keys:
+        return []
+    from tvm.s_tir import dlight as dl
+
+    return [dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
+                                    dl.gpu.Fallback())]
 
 
 def _split_layout_rewrite_preproc(mod: Any, _context: Any) -> Any:

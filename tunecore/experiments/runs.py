@@ -64,13 +64,14 @@ def best_candidates(store_file: str, task, k: int) -> list:
         store.close()
 
 def run_metaschedule(model: str, trials: int, seed: int, work_dir: str, *, strategy: str = "evolutionary",
-                     builder_timeout: float | None = BUILDER_TIMEOUT_S) -> dict:
-    """ms.tune_tir into ``work_dir`` in a child process (cost model xgb, 64 trials per iteration).
+                     builder_timeout: float | None = BUILDER_TIMEOUT_S, target: str = "llvm") -> dict:
+    """ms.tune_tir into ``work_dir`` in a child process (cost model xgb, 64 trials per iteration) for ``target``
+    (as `--target` takes it).
 
     ``builder_timeout=None`` keeps MetaSchedule's stock LocalBuilder.
     """
     wall, out = run_timed([sys.executable, "-m", "tunecore.experiments.runs", "--_metaschedule", model, str(trials),
-                           str(seed), work_dir, strategy, str(builder_timeout or 0)])
+                           str(seed), work_dir, strategy, str(builder_timeout or 0), "64", "nchw", target])
     return {"wall_s": wall, **json.loads(out.strip().splitlines()[-1]), "work_dir": work_dir}
 
 def run_metaschedule_for(model: str, seconds: float, seed: int, work_dir: str, trials_per_iter: int = 64,
@@ -120,7 +121,8 @@ def _own_group_dying_with_parent() -> None:
     ctypes.CDLL(None).prctl(1, signal.SIGKILL)
 
 def _metaschedule_child(model: str, trials: int, seed: int, work_dir: str, strategy: str,
-                        builder_timeout: float, trials_per_iter: int = 64, layout: str = "nchw") -> None:
+                        builder_timeout: float, trials_per_iter: int = 64, layout: str = "nchw",
+                        target_spec: str = "llvm") -> None:
     """Tune with MetaSchedule (a network: ``tune_relax`` on the tasks tunecore extracts, fused and marked the
     same way); print a JSON line with what got measured (best = lowest mean, MetaSchedule's ranking)."""
     import numpy as np
@@ -129,7 +131,7 @@ def _metaschedule_child(model: str, trials: int, seed: int, work_dir: str, strat
     from tunecore.targets import resolve_target, use_target_threads
     from tunecore.workloads import load_workload, tuning_module
 
-    target = resolve_target("llvm")
+    target = resolve_target(target_spec)
     use_target_threads(target)  # LocalRunner's workers inherit it; else TVM runs kernels on half the cores
     builder = ms.builder.LocalBuilder(timeout_sec=builder_timeout) if builder_timeout else "local"
     workload = load_workload(model, layout=layout if layout != "nchw" else None)
@@ -158,4 +160,4 @@ def cached_run(done_path: str, key: str, run: Callable[[], dict]) -> dict:
 if __name__ == "__main__" and sys.argv[1:2] == ["--_metaschedule"]:
     model, trials, seed, work_dir, strategy, timeout = sys.argv[2:8]
     _metaschedule_child(model, int(trials), int(seed), work_dir, strategy, float(timeout), *map(int, sys.argv[8:9]),
-                        *sys.argv[9:10])
+                        *sys.argv[9:11])

@@ -220,6 +220,7 @@ class LocalRunner(Runner, Screen, OutputCheck):
                  min_repeat_ms: int = 20, cpu_cache_flush: bool = False, screen: float = 2.0, check: str = "all",
                  check_sample: int = 8, reference_timeout: float = 300.0, **options: Any):
         super().__init__(target, **options)
+        from tunecore.targets import host_target
         from tunecore.tvmjson import target_to_json
 
         self.target_json = target_to_json(target)
@@ -231,7 +232,13 @@ class LocalRunner(Runner, Screen, OutputCheck):
         self.directory = tempfile.mkdtemp(prefix="tunecore-references-")
         self.pool = _WarmPool(1, run_timeout, self.target_json)
         self.reference_timeout = reference_timeout
-        self.reference_pool = _WarmPool(1, reference_timeout, self.target_json) if check != "none" else None
+        # A GPU task's unscheduled program binds no GPU threads and cannot be built for the GPU: its reference
+        # is built and run on the host CPU (the target's host), on the same seeded inputs.
+        self.reference_on_host = target.kind.name not in ("llvm", "c")
+        self.reference_target_json = (target_to_json(target.host or host_target()) if self.reference_on_host
+                                      else self.target_json)
+        self.reference_pool = (_WarmPool(1, reference_timeout, self.reference_target_json) if check != "none"
+                               else None)
 
     @classmethod
     def unsupported_reason(cls, target: Any) -> str | None:
@@ -245,7 +252,10 @@ class LocalRunner(Runner, Screen, OutputCheck):
     def ready(self) -> None:
         self.pool.ready()
 
-    def set_reference(self, task: Task, reference: Artifact | str) -> None:
+    def set_reference(self, task: Task, reference: Artifact | str | None) -> None:
+        """``reference`` None: build it here, for the host CPU (``reference_on_host``)."""
+        import tvm
+
         from tunecore.check import weight_arguments, written_arguments
 
         if isinstance(reference, str):
@@ -253,8 +263,12 @@ class LocalRunner(Runner, Screen, OutputCheck):
         path = os.path.join(self.directory, f"{task.task_id}.npz")
         weights = weight_arguments(task.mod)
         try:
-            self.reference_pool.submit(worker.save_reference, reference.path, self.target_json, task.args, weights,
-                                       written_arguments(task.mod), path).result()
+            if reference is None:
+                built = self.reference_pool.submit(worker.build, tvm.ir.save_json(task.mod),
+                                                   self.reference_target_json, self.directory).result()
+                reference = Artifact(*built)
+            self.reference_pool.submit(worker.save_reference, reference.path, self.reference_target_json, task.args,
+                                       weights, written_arguments(task.mod), path).result()
         except Exception as error:
             return self.no_reference(task, f"failed to run ({describe_failure(error, self.reference_timeout)})")
         self.references[task.task_id] = {"reference": path, "task_args": task.args, "weights": weights}
@@ -343,6 +357,10 @@ class LocalMeasurer(Measurer):
         results: list[MeasureResult | None] = [None] * len(candidates)
         mods, positions = [], []
         reference = self.runner.needs_reference(task)
+        on_host = reference and getattr(self.runner, "reference_on_host", False)
+        if on_host:  # the runner builds it for the host CPU
+            self.runner.set_reference(task, None)
+            reference = False
         if reference:  # built with the candidates: the task's unscheduled program, whose outputs the runner keeps
             mods.append(tvm.ir.save_json(task.mod))
         for i, candidate in enumerate(candidates):
