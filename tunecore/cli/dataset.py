@@ -67,6 +67,23 @@ def add_commands(register: Any) -> None:
     imported.add_argument("dataset")
     imported.add_argument("--store", "-s", default=None, help="record store (default: tunecore.db)")
 
+    batch = sub.add_parser("export-batch", help="build random programs of the workloads' tasks into a directory, to "
+                                                "be timed on a machine without TVM's compiler (`python -m "
+                                                "tunecore.measure.batch DIR` there)")
+    batch.add_argument("--model", "-m", action="append", required=True, help="workload (as for `collect`)")
+    batch.add_argument("--target", "-t", required=True,
+                       help="the device's target, e.g. nvidia/nvidia-h100 or a JSON dict with its arch")
+    batch.add_argument("--per-task", type=count(1), required=True, help="random programs per task")
+    batch.add_argument("--kernels", type=names, default=[], help="only tasks of these operators (as for `collect`)")
+    batch.add_argument("--out", "-o", required=True, help="the batch directory (created)")
+    add_seed(batch, "the random programs")
+    batch.add_argument("--json", action="store_true")
+
+    unbatch = sub.add_parser("import-batch", help="put a timed batch's results (and profiles) into a dataset")
+    unbatch.add_argument("directory")
+    unbatch.add_argument("--out", "-o", required=True, help="dataset file (.parquet); extended if it exists")
+    unbatch.add_argument("--json", action="store_true")
+
     merge = sub.add_parser("merge", help="combine datasets (e.g. collected on different machines) into one")
     merge.add_argument("datasets", nargs="+")
     merge.add_argument("--out", "-o", required=True)
@@ -242,6 +259,36 @@ def _merge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export_batch(args: argparse.Namespace) -> int:
+    from tunecore.dataset.batch import export_batch
+    from tunecore.targets import resolve_target
+    from tunecore.workloads import expand_models
+
+    if os.path.exists(os.path.join(args.out, "manifest.json")):
+        raise UsageError(f"--out {args.out}: a batch is there already (time it, or choose another directory)")
+    target = resolve_target(args.target)
+    report = _with_progress(args, lambda on_progress: export_batch(
+        args.out, expand_models(args.model), target, args.per_task, kernels=tuple(args.kernels), seed=args.seed,
+        on_progress=on_progress))
+    render.fields({**report, "next": f"python -m tunecore.measure.batch {args.out}  (on the device)"}, args.json)
+    return 0
+
+
+def _import_batch(args: argparse.Namespace) -> int:
+    from tunecore.dataset.batch import import_batch
+    from tunecore.measure.batch import MANIFEST
+
+    _check_suffix(args.out)
+    if not os.path.exists(os.path.join(args.directory, MANIFEST)):
+        raise UsageError(f"{args.directory}: not a batch directory (no {MANIFEST})")
+    try:
+        report = import_batch(args.directory, args.out)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    render.fields({**report, "dataset": args.out}, args.json)
+    return 0
+
+
 def _check_suffix(path: str) -> None:
     from tunecore.dataset.table import SUFFIX
 
@@ -250,4 +297,4 @@ def _check_suffix(path: str) -> None:
 
 
 _COMMANDS = {"collect": _collect, "remeasure": _remeasure, "info": _info, "export": _export, "import": _import,
-             "merge": _merge}
+             "export-batch": _export_batch, "import-batch": _import_batch, "merge": _merge}

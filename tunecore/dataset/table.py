@@ -365,7 +365,7 @@ class Dataset:
 def describe_device(description: dict[str, Any]) -> str:
     """One line: "AMD EPYC (znver3, 2 cores)" or "NVIDIA H100 (sm_90)"."""
     if description.get("gpu"):
-        return f"{description['gpu']} ({description.get('sm', '?')})"
+        return f"{description['gpu']} ({description.get('arch', '?')})"
     return f"{description.get('cpu', '?')} ({description.get('mcpu', '?')}, {description.get('cores', '?')} cores)"
 
 

@@ -1,0 +1,143 @@
+"""Candidates built here, timed where only TVM's runtime is (tunecore.measure.batch), and GPU code paths that run
+without a GPU: a network's untuned CUDA build, a CUDA task's reference on the host CPU, sampling a GPU space."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tunecore.testing.cli import assert_one_line_exit_2, cli_json, run_cli
+
+H100 = json.dumps({"kind": "cuda", "arch": "sm_90", "max_threads_per_block": 1024,
+                   "max_shared_memory_per_block": 49152, "thread_warp_size": 32, "registers_per_block": 65536})
+
+
+def run_batch_runtime_only(directory):
+    """``python -m tunecore.measure.batch DIR`` as on a machine without TVM's compiler."""
+    done = subprocess.run([sys.executable, "-m", "tunecore.measure.batch", str(directory)], capture_output=True,
+                          text=True, env=dict(os.environ, TVM_USE_RUNTIME_LIB="1"), timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("batch") / "b"
+    out = cli_json(run_cli("dataset", "export-batch", "--model", "op:matmul-64", "--target", "llvm", "--per-task", "5",
+                           "--out", str(directory), "--json"))
+    assert out["programs"] == out["built"] == 5
+    return directory
+
+
+def test_a_batch_is_timed_with_the_runtime_alone_checked_and_imported_as_rows(batch, tmp_path):
+    summary = run_batch_runtime_only(batch)
+    assert summary == {"device": summary["device"], "programs": 5, "failed": 0}
+    results = json.load(open(batch / "results.json"))["results"]
+    assert all(len(r["run_secs"]) == 5 and r["max_relative_error"] < 1e-5 for r in results.values())
+    assert run_batch_runtime_only(batch)["programs"] == 5  # resumes: nothing timed twice
+    dataset = tmp_path / "d.parquet"
+    out = cli_json(run_cli("dataset", "import-batch", str(batch), "--out", str(dataset), "--json"))
+    assert out["added"] == 5 and out["failed"] == 0
+    from tunecore.dataset import Dataset
+
+    rows = Dataset.load(str(dataset)).rows
+    assert len(rows) == 5 and all(r.latency and "check.max_relative_error" in r.profile for r in rows)
+    assert cli_json(run_cli("dataset", "import-batch", str(batch), "--out", str(dataset), "--json"))["added"] == 0
+
+
+def test_a_program_whose_outputs_differ_from_the_reference_is_a_failed_result(batch, tmp_path):
+    import shutil
+
+    wrong = tmp_path / "wrong"
+    shutil.copytree(batch, wrong)
+    for name in ("results.json",):
+        if (wrong / name).exists():
+            os.remove(wrong / name)
+    (reference,) = [f for f in os.listdir(wrong) if f.startswith("reference-")]
+    with np.load(wrong / reference) as saved:
+        arrays = {k: saved[k] + 1.0 for k in saved.files}
+    np.savez(wrong / reference, **arrays)
+    assert run_batch_runtime_only(wrong)["failed"] == 5
+    results = json.load(open(wrong / "results.json"))["results"].values()
+    assert all(r["error"].startswith("wrong output") for r in results)
+
+
+def test_batch_commands_refuse_bad_input(tmp_path, batch):
+    assert_one_line_exit_2(run_cli("dataset", "import-batch", str(tmp_path), "--out", str(tmp_path / "d.parquet")),
+                           "not a batch directory")
+    assert_one_line_exit_2(run_cli("dataset", "export-batch", "--model", "op:matmul-64", "--target", "llvm",
+                                   "--per-task", "1", "--out", str(batch)), "a batch is there already")
+    fresh = tmp_path / "untimed"
+    cli_json(run_cli("dataset", "export-batch", "--model", "op:matmul-64", "--target", "llvm", "--per-task", "1",
+                     "--out", str(fresh), "--json"))
+    assert_one_line_exit_2(run_cli("dataset", "import-batch", str(fresh), "--out", str(tmp_path / "d.parquet")),
+                           "no results yet")
+    done = subprocess.run([sys.executable, "-m", "tunecore.measure.batch", str(tmp_path)], capture_output=True,
+                          text=True)
+    assert done.returncode == 2 and "not a batch directory" in done.stderr
+
+
+def test_a_cuda_batch_built_without_a_gpu_names_its_kernels(tmp_path):
+    """Built here for an H100 (no GPU): each library carries its CUDA source, whose kernels match ncu's launches."""
+    out = cli_json(run_cli("dataset", "export-batch", "--model", "op:matmul-512", "--target", H100, "--per-task", "3",
+                           "--out", str(tmp_path / "b"), "--json"))
+    assert out["built"] == 3
+    manifest = json.load(open(tmp_path / "b" / "manifest.json"))
+    assert all(p["kernels"] and p["kernels"][0] == "main_kernel" for p in manifest["programs"])
+    assert manifest["target"]["arch"] == "sm_90"
+    (task,) = manifest["tasks"].values()
+    assert task["reference"] and os.path.exists(tmp_path / "b" / task["reference"])
+
+
+def test_an_untuned_network_builds_for_a_gpu_with_default_gpu_schedules():
+    """Kernels without a record get dlight's schedules (relax.build's own CUDA pipeline gives them), not the
+    one-thread-per-block binding TVM falls back to; a CPU target gets none."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from tunecore.compile import _default_gpu_schedules, build
+    from tunecore.targets import host_target, resolve_target
+    from tunecore.workloads import load_workload
+
+    assert _default_gpu_schedules(host_target()) == []
+    (passes,) = _default_gpu_schedules(resolve_target(H100))
+    assert "ApplyDefaultSchedule" in str(passes.info)
+    executable = build(load_workload("zoo:bert-tiny"), resolve_target(H100), ms.database.MemoryDatabase())
+    kinds = {m.kind for library in executable.mod.imports for m in [library, *library.imports]}
+    assert "cuda" in kinds
+
+
+def test_a_gpu_tasks_reference_is_computed_on_the_host_cpu():
+    """The unscheduled program binds no GPU threads: the local runner builds and runs it on the host instead."""
+    from tunecore.measure.local import LocalRunner
+    from tunecore.targets import resolve_target
+    from tunecore.testing import tiny_task
+
+    target = resolve_target(H100)
+    task = tiny_task("matmul-64", target)
+    runner = LocalRunner(target)
+    try:
+        assert runner.reference_on_host and json.loads(runner.reference_target_json)["kind"] == "llvm"
+        runner.set_reference(task, None)
+        reference = runner.reference(task)
+        assert reference is not None
+        with np.load(reference["reference"]) as saved:
+            (output,) = [saved[k] for k in saved.files]
+        from tunecore.check import task_inputs
+
+        a, b, _ = task_inputs(task.args, reference["weights"])
+        np.testing.assert_allclose(output, a @ b, rtol=1e-5)
+    finally:
+        runner.close()
+
+
+def test_sampling_a_gpu_space_is_not_stopped_by_its_many_invalid_samples():
+    """On a GPU most samples of a conv fail the postprocessors; 64 in a row used to end the sampling at ~7."""
+    from tunecore.space import DesignSpace
+    from tunecore.targets import resolve_target
+    from tunecore.workloads import extract_tasks, load_workload
+
+    (task,) = extract_tasks(load_workload("op:conv2d-resnet50-c2"), resolve_target(H100))
+    assert len(DesignSpace(task, seed=0).sample_new(16, (), "random")) == 16

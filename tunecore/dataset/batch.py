@@ -1,0 +1,117 @@
+"""A batch directory's two ends where TVM's compiler is: ``export_batch`` builds programs into it, ``import_batch``
+puts its timed results into a dataset. The middle, on the device, is tunecore.measure.batch."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from tunecore.measure.batch import MANIFEST, PROFILES, device_kernels, read_results, write_manifest
+
+
+def export_batch(directory: str, workloads: list[str], target: Any, per_task: int, *, kernels: tuple[str, ...] = (),
+                 seed: int = 0, on_progress: Any = None) -> dict[str, Any]:
+    """Build ``per_task`` uniform samples of the design space of every task of ``workloads`` for ``target`` into
+    ``directory``, with each task's reference outputs (its unscheduled program run here on the host CPU)."""
+    import dataclasses
+    import shutil
+
+    import tvm
+
+    from tunecore.check import weight_arguments, written_arguments
+    from tunecore.dataset.table import DatasetTask
+    from tunecore.measure import worker
+    from tunecore.measure.local import LocalBuilder
+    from tunecore.progress import Progress
+    from tunecore.roles import Artifact
+    from tunecore.space import DesignSpace
+    from tunecore.targets import host_target
+    from tunecore.tvmjson import target_to_json
+    from tunecore.workloads import extract_tasks, load_workload
+
+    os.makedirs(directory, exist_ok=True)
+    host = host_target()
+    builder, host_builder = LocalBuilder(target), LocalBuilder(host)
+    tasks: dict[str, dict] = {}
+    programs: list[dict] = []
+    try:
+        found = [t for spec in workloads for t in extract_tasks(load_workload(spec), target)
+                 if not kernels or any(k in t.kernel_class for k in kernels)]
+        for n, task in enumerate(found):
+            key = task.workload_hash
+            if key in tasks:
+                continue
+            reference = None
+            built = host_builder.build([tvm.ir.save_json(task.mod)])[0]
+            if isinstance(built, Artifact):
+                reference = f"reference-{key}.npz"
+                worker.save_reference(built.path, target_to_json(host), task.args, weight_arguments(task.mod),
+                                      written_arguments(task.mod), os.path.join(directory, reference))
+            tasks[key] = {"args": task.args, "weights": weight_arguments(task.mod), "reference": reference,
+                          "task": dataclasses.asdict(DatasetTask.of(task))}
+            candidates = DesignSpace(task, seed).sample_new(per_task, (), "random")
+            for candidate, artifact in zip(candidates, builder.build([tvm.ir.save_json(c.mod) for c in candidates])):
+                program = {"id": f"{key}-{candidate.key}", "task": key, "key": candidate.key,
+                           "trace": candidate.trace_json, "origin": candidate.origin}
+                if isinstance(artifact, Artifact):
+                    program.update(library=f"{key[:16]}-{candidate.key[:16]}.so", args=artifact.arguments(task),
+                                   packing=artifact.packing, build_secs=artifact.build_secs)
+                    shutil.move(artifact.path, os.path.join(directory, program["library"]))
+                    program["kernels"] = device_kernels(os.path.join(directory, program["library"]))
+                else:
+                    program["build_error"] = artifact
+                programs.append(program)
+            if on_progress:
+                on_progress(Progress("building", n + 1, len(found), task.name))
+    finally:
+        builder.close()
+        host_builder.close()
+    write_manifest(directory, target_to_json(target), tasks,
+                   [p for p in programs if "library" in p] + [p for p in programs if "library" not in p])
+    return {"tasks": len(tasks), "programs": len(programs),
+            "built": sum("library" in p for p in programs)}
+
+
+def import_batch(directory: str, dataset_path: str) -> dict[str, Any]:
+    """Put a batch's results into a dataset (created if missing): one row per program, failures included, on
+    the device the results name; programs not timed yet are left out (import again after timing them)."""
+    from tunecore.dataset import protocol
+    from tunecore.dataset.table import Dataset, DatasetTask, Measurement
+
+    with open(os.path.join(directory, MANIFEST)) as f:
+        manifest = json.load(f)
+    done = read_results(directory)
+    if done["device"] is None:
+        raise ValueError(f"{directory}: no results yet (run `python -m tunecore.measure.batch {directory}` there)")
+    target_json = json.dumps(manifest["target"], sort_keys=True)
+    device = {**done["device"], "arch": manifest["target"].get("arch", "")}
+    profiles_path = os.path.join(directory, PROFILES)
+    profiles = json.load(open(profiles_path)) if os.path.exists(profiles_path) else {}
+    dataset = Dataset.open(dataset_path)
+    device_id = dataset.add_device(device)
+    counts = {"added": 0, "failed": 0, "not_timed": 0}
+    for program in manifest["programs"]:
+        task = dataset.add_task(DatasetTask(**manifest["tasks"][program["task"]]["task"]))
+        if "build_error" in program:
+            result = {"run_secs": None, "error": program["build_error"]}
+        else:
+            result = done["results"].get(program["id"])
+            if result is None:
+                counts["not_timed"] += 1
+                continue
+        profile = {protocol.ATTEMPTS: float(result.get("attempts", 1))}
+        if result.get("noisy"):
+            profile[protocol.NOISY] = 1.0
+        profile.update(profiles.get(program["id"], {}))
+        if result.get("max_relative_error") is not None:
+            from tunecore.check import CHECKED
+
+            profile[CHECKED] = result["max_relative_error"]
+        row = Measurement(task.key, program["key"], program["trace"], device_id, target_json, result["run_secs"],
+                          result["error"], program.get("build_secs", 0.0), profile, program["origin"], "random")
+        if dataset.add(row):
+            counts["added"] += 1
+            counts["failed"] += row.error is not None
+    dataset.save(dataset_path)
+    return {**counts, "device_id": device_id}

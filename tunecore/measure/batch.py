@@ -1,0 +1,273 @@
+"""Measuring built candidates on a machine that has TVM's runtime but not its compiler (a GPU box without a TVM
+build): candidates are built here into a batch directory, timed there, and the results come back.
+
+    here:   tunecore dataset export-batch ...    (tunecore.dataset.batch: builds; writes DIR/manifest.json, the
+                                                 libraries, the tasks' reference outputs)
+    there:  python -m tunecore.measure.batch DIR (this module: TVM's runtime libraries + tvm-ffi + numpy)
+    here:   tunecore dataset import-batch DIR --out DATASET
+
+On the device, ``import tvm`` without ``lib/libtvm_compiler.so`` falls back to the runtime library alone; the
+CUDA runtime sidecar (``libtvm_runtime_cuda.so``) is loaded here, as TVM's compiler package would. Timing is
+the label protocol's (tunecore.dataset.protocol: a warm-up call, then ``repeat`` timings of >= ``min_repeat_ms``
+each, by TVM's own time evaluator) and every program's outputs are compared with its task's reference outputs,
+computed where it was built by the unscheduled program on the host CPU: a wrong program comes back as a failed
+result. ``DIR/results.json`` is rewritten as it goes, so a stopped run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+MANIFEST = "manifest.json"
+RESULTS = "results.json"
+PROFILES = "profiles.json"  # program id -> profile metrics (a profiler's, e.g. tunecore_ncu_costmodel's)
+
+
+def write_manifest(directory: str, target_json: str, tasks: dict[str, dict], programs: list[dict]) -> None:
+    """``tasks``: task key -> {"args": the task's argument infos, "weights": weight positions, "reference": the
+    .npz of its outputs (a file name in ``directory``) or None}; ``programs``: {"id", "task", "library" (a file
+    name in ``directory``), "args": the library's argument infos, "packing"}."""
+    with open(os.path.join(directory, MANIFEST), "w") as f:
+        json.dump({"target": json.loads(target_json), "tasks": tasks, "programs": programs}, f)
+
+
+def read_results(directory: str) -> dict[str, Any]:
+    path = os.path.join(directory, RESULTS)
+    if not os.path.exists(path):
+        return {"device": None, "results": {}}
+    with open(path) as f:
+        return json.load(f)
+
+
+def load_runtime_sidecars() -> None:
+    """Register the runtime libraries of device kinds (CUDA) beside ``libtvm_runtime.so``, where the compiler
+    is absent (with it, ``tvm.backend.cuda`` does this)."""
+    import ctypes
+
+    import tvm
+
+    runtime = tvm.base._LOADED_LIBS["tvm_runtime"]._name
+    for name in ("libtvm_runtime_cuda.so",):
+        path = os.path.join(os.path.dirname(os.path.realpath(runtime)), name)
+        if os.path.exists(path):
+            try:
+                ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+            except OSError:  # no CUDA driver here: only its kind is unusable
+                pass
+
+
+def compile_cuda_here(device: Any) -> None:
+    """Without TVM's compiler, compile the CUDA source a library carries (what TVM's codegen leaves when it
+    builds for a GPU it cannot see: TVM compiles it when the library is loaded) for this GPU by NVRTC, with the
+    architecture given: TVM's own callback asks the compiler's current target for it."""
+    import tvm
+
+    if not tvm.base._RUNTIME_ONLY:
+        return
+    import tvm_ffi
+    from tvm.support import nvcc
+
+    arch = "sm_" + device.compute_version.replace(".", "")
+
+    @tvm_ffi.register_global_func("tvm_callback_cuda_compile", override=True)
+    def compile_for_this_gpu(code: str, *_: Any) -> bytes:
+        return nvcc.compile_cuda(code, target_format="cubin", arch=arch, compiler="nvrtc")
+
+
+def describe_device(kind: str, device: Any) -> dict[str, Any]:
+    """The device as tunecore.targets.device_descriptor describes it, from the runtime alone (a CPU: by its
+    model string only)."""
+    from tunecore.targets import _cpuinfo, _cuda_l2_bytes, gpu_fields
+
+    if kind in ("llvm", "c"):
+        return {"kind": kind, "cpu": _cpuinfo().get("model name", "")}
+    description = {"kind": kind, **gpu_fields(device)}
+    if kind == "cuda" and "gpu" in description:
+        description["l2_bytes"] = _cuda_l2_bytes()
+    return description
+
+
+def run_batch(directory: str, *, repeat: int = 5, min_repeat_ms: float = 20.0, max_spread: float = 0.02,
+              save_every: float = 30.0, log: Any = sys.stderr) -> dict[str, Any]:
+    """Time and check every program of the batch not timed yet; returns the results file's content. A program
+    whose timings spread (std/mean) more than ``max_spread`` is timed once more and flagged if it still does
+    (tunecore.dataset.protocol's ``label.*`` entries)."""
+    import tvm
+
+    from tunecore.check import mismatch, task_inputs
+
+    load_runtime_sidecars()
+    with open(os.path.join(directory, MANIFEST)) as f:
+        manifest = json.load(f)
+    kind = manifest["target"]["kind"]
+    device = tvm.cpu(0) if kind in ("llvm", "c") else tvm.device(kind, 0)
+    if not device.exist:
+        raise RuntimeError(f"there is no {kind} device on this machine")
+    if kind == "cuda":
+        compile_cuda_here(device)
+    done = read_results(directory)
+    done["device"] = describe_device(kind, device)
+    results = done["results"]
+    saved = time.perf_counter()
+    references: dict[str, tuple[list, dict[int, Any]] | None] = {}
+    todo = [p for p in manifest["programs"] if "library" in p and p["id"] not in results]
+    for count, program in enumerate(todo, 1):
+        task = manifest["tasks"][program["task"]]
+        if program["task"] not in references:
+            references[program["task"]] = _reference(directory, task)
+        try:
+            path = os.path.join(directory, program["library"])
+            result = _time_and_check(path, program, device, references[program["task"]], repeat, min_repeat_ms,
+                                     task_inputs, mismatch)
+            result["attempts"] = 1
+            if result["error"] is None and max_spread > 0 and _spread(result["run_secs"]) > max_spread:
+                again = _time_and_check(path, program, device, None, repeat, min_repeat_ms, task_inputs, mismatch)
+                result.update(run_secs=again["run_secs"], attempts=2,
+                              noisy=_spread(again["run_secs"]) > max_spread)
+            results[program["id"]] = result
+        except Exception as error:  # the library does not load or its kernel fails: a failed result
+            results[program["id"]] = {"run_secs": None, "error": "run: " + str(error).strip().splitlines()[-1][:300]}
+        if time.perf_counter() - saved > save_every or count == len(todo):
+            _save(directory, done)
+            saved = time.perf_counter()
+            print(f"{count}/{len(todo)} timed", file=log, flush=True)
+    _save(directory, done)
+    return done
+
+
+def _reference(directory: str, task: dict) -> tuple[list, dict[int, Any]] | None:
+    import numpy as np
+
+    from tunecore.check import task_inputs
+
+    if not task.get("reference"):
+        return None
+    with np.load(os.path.join(directory, task["reference"]), allow_pickle=False) as saved:
+        outputs = {int(name.split("_")[1]): saved[name] for name in saved.files}
+    return task_inputs(task["args"], task["weights"]), outputs
+
+
+def _time_and_check(path: str, program: dict, device: Any, reference: tuple | None, repeat: int,
+                    min_repeat_ms: float, task_inputs: Any, mismatch: Any) -> dict[str, Any]:
+    import math
+
+    import numpy as np
+    import tvm
+
+    module = tvm.runtime.load_module(path)
+    function = module[module.entry_name]
+    rng = np.random.default_rng(0)
+    if reference is not None and program.get("packing") is None:
+        inputs, outputs = reference
+        args = [tvm.runtime.tensor(x, device) for x in inputs]
+    else:  # unchecked: random floats, zero integers (often indices), as the local runner fills them
+        outputs = None
+        args = [tvm.runtime.tensor(rng.random(shape).astype(dtype) if dtype.startswith(("float", "bfloat"))
+                                   else np.zeros(shape, dtype=dtype), device) for _, dtype, shape in program["args"]]
+    start = time.perf_counter()
+    function(*args)  # the warm-up call; also the call whose outputs are checked
+    device.sync()
+    once = max(time.perf_counter() - start, 1e-7)
+    verdict = None
+    if outputs is not None:
+        verdict = mismatch([args[i].numpy() for i in sorted(outputs)], [outputs[i] for i in sorted(outputs)])
+    number = max(1, math.ceil(min_repeat_ms / 1e3 / once))
+    evaluator = module.time_evaluator(module.entry_name, device, number=number, repeat=repeat,
+                                      min_repeat_ms=int(min_repeat_ms))
+    secs = [float(s) for s in evaluator(*args).results]
+    result: dict[str, Any] = {"run_secs": secs, "error": None}
+    if verdict is not None:
+        result["max_relative_error"], result["error"] = verdict
+    return result
+
+
+def call_once(directory: str, ids: list[str] | None = None, log: Any = sys.stderr) -> list[list]:
+    """Call each program (or those of ``ids``) once, in manifest order, as a profiler (ncu) wants them; returns
+    [[id, None or why it failed], ...] in call order (also written to ``DIR/calls.json``)."""
+    import numpy as np
+    import tvm
+
+    load_runtime_sidecars()
+    with open(os.path.join(directory, MANIFEST)) as f:
+        manifest = json.load(f)
+    kind = manifest["target"]["kind"]
+    device = tvm.cpu(0) if kind in ("llvm", "c") else tvm.device(kind, 0)
+    if kind == "cuda":
+        compile_cuda_here(device)
+    wanted = None if ids is None else set(ids)
+    calls: list[list] = []
+    rng = np.random.default_rng(0)
+    for program in manifest["programs"]:
+        if "library" not in program or (wanted is not None and program["id"] not in wanted):
+            continue
+        try:
+            module = tvm.runtime.load_module(os.path.join(directory, program["library"]))
+            args = [tvm.runtime.tensor(rng.random(shape).astype(dtype) if dtype.startswith(("float", "bfloat"))
+                                       else np.zeros(shape, dtype=dtype), device)
+                    for _, dtype, shape in program["args"]]
+            device.sync()
+            module[module.entry_name](*args)
+            device.sync()
+            calls.append([program["id"], None])
+        except Exception as error:
+            calls.append([program["id"], str(error).strip().splitlines()[-1][:300]])
+    with open(os.path.join(directory, "calls.json"), "w") as f:
+        json.dump(calls, f)
+    return calls
+
+
+def device_kernels(library: str) -> list[str]:
+    """The GPU kernels a built library defines, in its source's order, from the CUDA source TVM embeds in it
+    (for matching a profiler's kernel launches to programs); [] for a CPU library."""
+    import re
+
+    with open(library, "rb") as f:
+        data = f.read()
+    pattern = rb'__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\([^;{]*\) ?\{'
+    return [m.decode() for m in dict.fromkeys(re.findall(pattern, data))]
+
+
+def _spread(run_secs: list[float]) -> float:
+    import statistics
+
+    return statistics.pstdev(run_secs) / statistics.fmean(run_secs) if len(run_secs) > 1 else 0.0
+
+
+def _save(directory: str, done: dict[str, Any]) -> None:
+    path = os.path.join(directory, RESULTS)
+    with open(path + ".tmp", "w") as f:
+        json.dump(done, f)
+    os.replace(path + ".tmp", path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m tunecore.measure.batch", description=__doc__.split("\n\n")[0])
+    parser.add_argument("directory", help="a batch directory written by `tunecore dataset export-batch`")
+    parser.add_argument("--repeat", type=int, default=5, help="timings per program (default 5)")
+    parser.add_argument("--min-repeat-ms", type=float, default=20.0, help="milliseconds per timing (default 20)")
+    parser.add_argument("--call-once", metavar="IDS", nargs="?", const="",
+                        help="call each program once, untimed (for a profiler), or only those listed in the JSON "
+                             "file IDS")
+    args = parser.parse_args(argv)
+    if not os.path.exists(os.path.join(args.directory, MANIFEST)):
+        print(f"tunecore: {args.directory}: no {MANIFEST} (not a batch directory)", file=sys.stderr)
+        return 2
+    if args.call_once is not None:
+        ids = json.load(open(args.call_once)) if args.call_once else None
+        calls = call_once(args.directory, ids)
+        print(json.dumps({"called": len(calls), "failed": sum(c[1] is not None for c in calls)}))
+        return 0
+    done = run_batch(args.directory, repeat=args.repeat, min_repeat_ms=args.min_repeat_ms)
+    failed = sum(r["error"] is not None for r in done["results"].values())
+    print(json.dumps({"device": done["device"], "programs": len(done["results"]), "failed": failed}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
