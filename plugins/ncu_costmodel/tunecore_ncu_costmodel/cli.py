@@ -1,4 +1,6 @@
-"""``tunecore ncu profile``: add CPU profile metrics (callgrind, llvm-mca) to the rows of a dataset."""
+"""``tunecore ncu profile``: add CPU profile metrics (callgrind, llvm-mca) to the rows of a dataset;
+``tunecore ncu profile-batch``: Nsight Compute metrics of a batch's programs (tunecore.measure.batch), on the GPU
+machine that times them."""
 
 from __future__ import annotations
 
@@ -25,12 +27,28 @@ def add_commands(register: Any) -> None:
     profile.add_argument("--timeout", type=number(1e-9), default=120.0, help="seconds per row (default 120)")
     add_seed(profile, "the choice of rows")
     profile.add_argument("--json", action="store_true")
+    batch = sub.add_parser("profile-batch", help="Nsight Compute metrics of a batch's programs (`tunecore dataset "
+                                                 "export-batch`), on the GPU machine (resumable); `tunecore dataset "
+                                                 "import-batch` puts them into the rows")
+    batch.add_argument("directory")
+    batch.add_argument("--limit", type=count(1), default=None, help="programs to profile in this call (default: all)")
+    batch.add_argument("--chunk", type=count(1), default=200,
+                       help="programs per ncu process (default 200; the profiles are saved after each)")
+    batch.add_argument("--json", action="store_true")
 
 
 def cmd_ncu(args: argparse.Namespace) -> int:
     import os
 
-    from tunecore_ncu_costmodel.profilers import profile_dataset
+    from tunecore_ncu_costmodel.profilers import profile_batch, profile_dataset
+
+    if args.ncu_command == "profile-batch":
+        if not os.path.exists(os.path.join(args.directory, "manifest.json")):
+            raise UsageError(f"{args.directory}: not a batch directory (no manifest.json)")
+        with render.tracker(transient=True) as on_progress:
+            out = profile_batch(args.directory, limit=args.limit, chunk=args.chunk, on_progress=on_progress)
+        render.fields(out, args.json)
+        return 0
 
     if not os.path.exists(args.dataset):
         raise UsageError(f"--dataset {args.dataset}: no such file")

@@ -212,3 +212,84 @@ def _failed(row: Any, counts: dict[str, int]) -> None:
 def _profiled(row: Any) -> bool:
     return row.profile.get("cpu.warm") != 1.0 and any(key.startswith(("cpu.", "mca.")) for key in row.profile)
 
+
+
+# --- a batch directory (tunecore.measure.batch): every program profiled by one ncu process per chunk ---
+
+
+def profile_batch(directory: str, *, limit: int | None = None, chunk: int = 200, timeout: float = 600.0,
+                  on_progress: Callable[[Progress], None] | None = None) -> dict[str, Any]:
+    """Nsight Compute metrics of a batch's programs, on the machine that times them (no TVM compiler needed):
+    ``ncu`` runs ``python -m tunecore.measure.batch DIR --call-once`` over ``chunk`` programs at a time, and its
+    kernel launches are matched to programs by the kernels each library defines (in call order; a chunk
+    whose launches do not match is left unprofiled). Written to the batch's profiles file, which
+    ``tunecore dataset import-batch`` puts into the rows; resumes where it stopped."""
+    from tunecore.dataset import BATCH_MANIFEST, BATCH_PROFILES
+
+    tool = ncu_csv.check_tool()
+    with open(os.path.join(directory, BATCH_MANIFEST)) as f:
+        programs = {p["id"]: p for p in json.load(f)["programs"] if "library" in p}
+    path = os.path.join(directory, BATCH_PROFILES)
+    profiles: dict[str, dict[str, float]] = json.load(open(path)) if os.path.exists(path) else {}
+    todo = [i for i in programs if i not in profiles][:limit]
+    counts = {"profiled": 0, "failed": 0, "unmatched": 0, "total": len(todo)}
+    for start in range(0, len(todo), chunk):
+        ids = todo[start:start + chunk]
+        ids_file = os.path.join(directory, "profile-ids.json")
+        with open(ids_file, "w") as f:
+            json.dump(ids, f)
+        command = [tool, "--csv", "--page", "raw", "--print-units", "base", "--metrics",
+                   ",".join(ncu_csv.STUDY_METRICS), sys.executable, "-m", "tunecore.measure.batch", directory,
+                   "--call-once", ids_file]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        with open(os.path.join(directory, f"ncu-{start}.csv"), "w") as f:  # ncu's own output, kept for a re-reading
+            f.write(done.stdout)
+        with open(os.path.join(directory, "calls.json")) as f:
+            calls = json.load(f)
+        try:
+            launches = ncu_csv.parse(done.stdout)
+        except ValueError:
+            launches = []
+        for program_id, metrics in match_launches(calls, programs, launches).items():
+            profiles[program_id] = metrics
+            counts["failed" if "ncu.failed" in metrics else "profiled"] += 1
+        counts["unmatched"] = counts["total"] - counts["profiled"] - counts["failed"]
+        with open(path + ".tmp", "w") as f:
+            json.dump(profiles, f)
+        os.replace(path + ".tmp", path)
+        if on_progress:
+            on_progress(Progress("profiling", min(start + chunk, len(todo)), len(todo), "", counts["failed"]))
+    return counts
+
+
+def match_launches(calls: list[list], programs: dict[str, dict], launches: list) -> dict[str, dict[str, float]]:
+    """Each called program's metrics from ncu's launches (in order): a program that failed to run gets
+    ``ncu.failed``; the matching stops at the first program whose launches do not have its kernels' names."""
+    out: dict[str, dict[str, float]] = {}
+    ran = [program_id for program_id, error in calls if error is None]
+    if launches and not any(programs[i].get("kernels") for i in ran):
+        # kernels unknown (a library compiled for the GPU carries no source): every program's function launches
+        # its first kernel first, under the same name ("main_kernel"; more kernels are "main_kernel_1", ...), so
+        # a launch of that name starts the next program; used only when that gives one group per program
+        groups: list[list] = []
+        for launch in launches:
+            if launch.kernel == launches[0].kernel or not groups:
+                groups.append([])
+            groups[-1].append(launch)
+        if len(groups) != len(ran):
+            return {}
+        launches_of = dict(zip(ran, groups))
+        return {program_id: ncu_csv.candidate_metrics(launches_of[program_id]) if error is None
+                else {"ncu.failed": 1.0} for program_id, error in calls}
+    position = 0
+    for program_id, error in calls:
+        if error is not None:
+            out[program_id] = {"ncu.failed": 1.0}
+            continue
+        names = programs[program_id].get("kernels") or []
+        mine = launches[position:position + len(names)]
+        if not names or len(mine) < len(names) or sorted(k.kernel.split("(")[0] for k in mine) != sorted(names):
+            break
+        out[program_id] = ncu_csv.candidate_metrics(mine)
+        position += len(names)
+    return out

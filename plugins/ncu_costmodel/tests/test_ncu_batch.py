@@ -1,0 +1,47 @@
+"""Nsight Compute profiles of a batch directory (tunecore.measure.batch), matched to programs: the fixture is
+real ncu output of 9 TVM-built programs of BERT-base's matmul tasks on an H100 (bench/results/gpu.md), two of
+them launching two kernels (main_kernel, main_kernel_1)."""
+
+import os
+
+from tunecore_ncu_costmodel import ncu_csv
+from tunecore_ncu_costmodel.profilers import match_launches
+
+FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "real_h100_batch.csv")
+
+
+def launches():
+    with open(FIXTURE) as f:
+        return ncu_csv.parse(f.read())
+
+
+def test_launches_of_libraries_without_source_are_grouped_by_their_first_kernels_name():
+    found = launches()
+    assert len(found) == 11
+    ids = [f"p{i}" for i in range(9)]
+    programs = {i: {"kernels": []} for i in ids}  # built where the GPU is: a cubin, no source to read names from
+    profiles = match_launches([[i, None] for i in ids], programs, found)
+    assert list(profiles) == ids
+    assert [p["ncu.kernels"] for p in profiles.values()] == [1.0] * 7 + [2.0, 2.0]
+    # a two-kernel program's counts are the sum of its kernels'; its launch configuration is its first kernel's
+    inst = "ncu.smsp__inst_executed.sum"
+    kernels = found[7].metrics["smsp__inst_executed.sum"], found[8].metrics["smsp__inst_executed.sum"]
+    assert profiles["p7"][inst] == sum(kernels)
+    assert profiles["p7"]["ncu.launch__grid_size"] == found[7].metrics["launch__grid_size"]
+    assert all(inst in p and "ncu.gpu__time_duration.sum" in p for p in profiles.values())
+
+
+def test_launches_that_do_not_fit_the_programs_are_not_guessed():
+    ids = [f"p{i}" for i in range(10)]  # one program more than the launches hold
+    assert match_launches([[i, None] for i in ids], {i: {"kernels": []} for i in ids}, launches()) == {}
+
+
+def test_known_kernel_names_match_in_order_and_a_failed_call_is_a_failed_profile():
+    found = launches()[:3]
+    programs = {"a": {"kernels": ["main_kernel"]}, "b": {"kernels": ["main_kernel"]}, "c": {"kernels": ["main_kernel"]},
+                "x": {"kernels": ["main_kernel"]}}
+    profiles = match_launches([["a", None], ["x", "run: it crashed"], ["b", None], ["c", None]], programs, found)
+    assert profiles["x"] == {"ncu.failed": 1.0}
+    assert [profiles[i]["ncu.kernels"] for i in "abc"] == [1.0, 1.0, 1.0]
+    wrong = {i: {"kernels": ["other_kernel"]} for i in "abc"}
+    assert match_launches([[i, None] for i in "abc"], wrong, found) == {}
