@@ -276,6 +276,32 @@ def test_a_task_the_model_cannot_write_falls_back_to_random_and_says_so(matmul_t
     assert policy.task_report(matmul_task)["tlm"].startswith("random (")
 
 
+def test_where_the_weights_write_no_valid_program_uniform_samples_fill_the_batch():
+    """On an H100 the shipped (CPU-trained) weights wrote no CUDA matmul program that passes MetaSchedule's GPU
+    check, and tlm measured nothing in 128 trials (bench/results/gpu.md): the batch is now filled with uniform
+    samples, which online fine-tuning can learn from."""
+    import json
+
+    from tunecore.interfaces import TaskContext
+    from tunecore.registry import Registry
+    from tunecore.space import DesignSpace
+    from tunecore.store.sqlite import MemoryStore
+    from tunecore.targets import resolve_target
+    from tunecore.testing import tiny_task
+
+    target = resolve_target(json.dumps({"kind": "cuda", "arch": "sm_90", "max_threads_per_block": 1024,
+                                        "max_shared_memory_per_block": 49152, "thread_warp_size": 32}))
+    task = tiny_task("matmul-1024", target)
+    registry = Registry()
+    policy = registry.get("search", "tlm")(cost_model=registry.get("cost_model", "none")(), store=MemoryStore())
+    policy.start_task(TaskContext(task, DesignSpace(task), 0, set(), []))
+    candidates = policy.propose(task, 6)
+    assert len(candidates) == 6 and len({c.key for c in candidates}) == 6
+    report = policy.task_report(task)
+    assert report["sampled"] >= 1 and report["sampled"] + sum(c.origin == "tlm" for c in candidates) == 6
+    assert all(c.key in policy.tasks[task.task_id].made for c in candidates)  # learnable once measured
+
+
 def test_online_fine_tuning_learns_from_the_fastest_measured():
     from tunecore.registry import Registry
     from tunecore.store.sqlite import MemoryStore

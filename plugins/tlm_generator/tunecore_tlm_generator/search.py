@@ -46,7 +46,7 @@ class _TaskState:
         self.fallback: str | None = None
         self.made: dict[str, tuple[Any, list[Any]]] = {}  # program key -> (prompt, decisions) it came from
         self.best: list[tuple[float, Any, list[Any]]] = []  # (latency, prompt, decisions), fastest first
-        self.generated = self.invalid = self.relocated = 0
+        self.generated = self.invalid = self.relocated = self.sampled = 0
         self.postprocs = context.space.thread_postprocs()
 
 
@@ -127,15 +127,35 @@ class TLMSearch(SearchPolicy):
         want = n * self.oversample if self.cost_model.name != "none" else n
         found: dict[str, Candidate] = {}
         for _ in range(_RETRIES):
+            before = len(found)
             self._generate(state, task, want - len(found), found)
-            if len(found) >= want:
+            if len(found) >= want or len(found) == before:  # a round that wrote nothing valid: more will not
                 break
         candidates = list(found.values())
         if len(candidates) > n:
             scores = np.asarray(self.cost_model.predict(task, candidates), dtype=np.float64)
             candidates = [candidates[i] for i in np.argsort(-scores, kind="stable")[:n]]
-        state.made = {c.key: state.made[c.key] for c in candidates}  # what the cost model passed over is forgotten
+        if len(candidates) < n:
+            candidates += self._sampled(state, n - len(candidates), found)
+        state.made = {c.key: state.made[c.key] for c in candidates if c.key in state.made}  # the rest is forgotten
         return candidates
+
+    def _sampled(self, state: _TaskState, count: int, found: dict[str, Candidate]) -> list[Candidate]:
+        """Uniform samples where the model wrote too few valid programs (weights that never saw this target: the
+        shipped ones, learned on CPU programs, tile CUDA kernels beyond the GPU's thread and shared-memory limits,
+        and MetaSchedule's GPU check rejects them all), kept learnable: online fine-tuning learns from the valid
+        ones that measure fastest."""
+        from tunecore_tlm_generator.sketches import trace_decisions
+
+        sampled = state.context.space.sample_new(count, state.measured | set(found), origin="random")
+        for candidate in sampled:
+            for prompt in state.prompts:
+                decisions = trace_decisions(candidate.trace_json, prompt)
+                if decisions is not None:
+                    state.made[candidate.key] = (prompt, decisions)
+                    break
+        state.sampled += len(sampled)
+        return sampled
 
     def _generate(self, state: _TaskState, task: Task, count: int, found: dict[str, Candidate]) -> None:
         from tunecore_tlm_generator import model as lm
@@ -203,7 +223,7 @@ class TLMSearch(SearchPolicy):
         if state.fallback is not None:
             return {"tlm": f"random ({state.fallback})"}
         return {"tlm": f"{len(state.prompts)} sketches", "generated": state.generated, "invalid": state.invalid,
-                "relocated": state.relocated}
+                "relocated": state.relocated, "sampled": state.sampled}
 
 
 def _decisions_of(sch: Any, prompt: Any, written: list[Any]) -> list[Any]:
