@@ -82,3 +82,27 @@ def test_dataset_v2_holds_what_the_issue_asks():
     assert counts["held_out_tasks_128"] == counts["held_out_tasks"] > 0
     assert counts["heavy_tasks_200"] >= 100
     assert counts["cpus_5000"] >= 3
+
+
+GPU = os.path.join(os.path.dirname(SHIPPED), "gpu-h100.parquet")
+
+
+def test_the_gpu_dataset_is_checked_h100_programs_with_ncu_profiles():
+    """datasets/gpu-h100.parquet (bench/results/gpu.md): measured on a real H100 by the label protocol, every
+    program that ran checked against its task's reference on the host CPU, BERT-base's matmuls profiled by ncu."""
+    from tunecore_ncu_costmodel.ncu_csv import STUDY_METRICS
+
+    from tunecore.dataset.protocol import is_clean
+
+    dataset = Dataset.load(GPU)
+    ((device_id, device),) = dataset.devices.items()
+    assert device["kind"] == "cuda" and device["gpu"].startswith("NVIDIA H100") and device["arch"] == "sm_90"
+    ran = [r for r in dataset.rows if r.error is None]
+    assert len(dataset.rows) >= 880 and len(ran) >= 870
+    assert all(r.profile["check.max_relative_error"] <= 1e-3 and len(r.run_secs) >= 5 for r in ran)
+    assert sum(map(is_clean, dataset.rows)) >= 800
+    profiled = [r for r in ran if "ncu.smsp__inst_executed.sum" in r.profile]
+    assert len(profiled) >= 180
+    assert all(f"ncu.{m}" in r.profile for r in profiled for m in STUDY_METRICS if not m.startswith("device__"))
+    bert = {dataset.tasks[r.task_key].name for r in profiled}
+    assert all("matmul" in name for name in bert)
