@@ -58,21 +58,6 @@ def run_metaschedule(op: str, trials: int, seed: int, work: str) -> dict:
     return experiments.run_metaschedule(f"op:{op}", trials, seed, work_dir)
 
 
-def best_programs(run: dict, task, k: int = TOP_K) -> list:
-    """The k best measured programs of a run, as candidates of tunecore's task."""
-    from tunecore.interfaces import Candidate
-    from tunecore.tvmjson import trace_to_json
-
-    if "store" in run:
-        return experiments.best_candidates(run["store"], task, k)
-    from tvm.s_tir import meta_schedule as ms
-
-    db = ms.database.JSONDatabase(work_dir=run["work_dir"])
-    records = sorted((r for r in db.get_all_tuning_records() if r.run_secs and float(np.mean(r.run_secs)) < 1e9),
-                     key=lambda r: float(np.mean(r.run_secs)))
-    return [Candidate(task, trace_json=trace_to_json(r.trace), origin="metaschedule") for r in records[:k]]
-
-
 def remeasure(task, runs: dict[str, list]) -> dict[str, float]:
     """Best latency of each run's programs, measured together: min over programs of the median over passes."""
     from tunecore.experiments import remeasure_together
@@ -142,7 +127,7 @@ def main() -> None:
             runs[f"metaschedule/{seed}"] = run_once(f"metaschedule {op} {args.trials} {seed}",
                                                     lambda: run_metaschedule(op, args.trials, seed, args.work))
         task = tiny_task(op, target)
-        best = remeasure(task, {name: best_programs(run, task) for name, run in runs.items()})
+        best = remeasure(task, {name: experiments.best_programs(run, task, TOP_K) for name, run in runs.items()})
         per_seed = [{"seed": s,
                      "tunecore_best_s": best[f"tunecore/{s}"], "metaschedule_best_s": best[f"metaschedule/{s}"],
                      "tunecore_wall_s": runs[f"tunecore/{s}"]["wall_s"],
@@ -162,7 +147,7 @@ def main() -> None:
         run = run_once(f"{tunecore} matmul-1024 {args.big_trials} 0",
                        lambda: run_tunecore("matmul-1024", args.big_trials, 0, args.work, extra))
         task = tiny_task("matmul-1024", target)
-        tvm_s = remeasure(task, {"tunecore": best_programs(run, task)})["tunecore"]
+        tvm_s = remeasure(task, {"tunecore": experiments.best_programs(run, task, TOP_K)})["tunecore"]
         numpy_s = numpy_matmul_seconds(1024)
         flop = 2 * 1024**3
         big = {"trials": args.big_trials, "tunecore_wall_s": run["wall_s"], "tunecore_s": tvm_s, "numpy_s": numpy_s,

@@ -79,7 +79,7 @@ def ops(args) -> None:
             print(f"{key}: {json.dumps({k: v for k, v in runs[method].items() if k != 'tasks'})[:300]}",
                   file=sys.stderr, flush=True)
         task = tiny_task(op, target)
-        programs = {m: best_programs(r, task) for m, r in runs.items() if "failed" not in r}
+        programs = {m: experiments.best_programs(r, task, TOP_K) for m, r in runs.items() if "failed" not in r}
         best = remeasure_together(task, programs, passes=8) if programs else {}
         results[op] = {"gflop": task.flops / 1e9, "runs": {
             m: {**{k: v for k, v in r.items() if k in ("wall_s", "measured", "errors", "failed")},
@@ -89,20 +89,6 @@ def ops(args) -> None:
     with open(os.path.join(args.work, "ops.json"), "w") as f:
         json.dump({"trials": args.trials, "ops": results, "gpu": gpu_line(), "environment": environment(target)}, f,
                   indent=2)
-
-
-def best_programs(run: dict, task) -> list:
-    from tunecore.interfaces import Candidate
-    from tunecore.tvmjson import trace_to_json
-
-    if "store" in run:
-        return experiments.best_candidates(run["store"], task, TOP_K)
-    from tvm.s_tir import meta_schedule as ms
-
-    db = ms.database.JSONDatabase(work_dir=run["work_dir"])
-    records = sorted((r for r in db.get_all_tuning_records() if r.run_secs and float(np.mean(r.run_secs)) < 1e9),
-                     key=lambda r: float(np.mean(r.run_secs)))
-    return [Candidate(task, trace_json=trace_to_json(r.trace), origin="metaschedule") for r in records[:TOP_K]]
 
 
 def network(args) -> None:

@@ -63,6 +63,22 @@ def best_candidates(store_file: str, task, k: int) -> list:
     finally:
         store.close()
 
+def best_programs(run: dict, task, k: int) -> list:
+    """The k best measured programs of a `run_tunecore` run (its "store") or a `run_metaschedule` run (its
+    "work_dir", MetaSchedule's JSON database, ranked by mean latency), as candidates of ``task``."""
+    if "store" in run:
+        return best_candidates(run["store"], task, k)
+    import numpy as np
+    from tvm.s_tir import meta_schedule as ms
+
+    from tunecore.data import Candidate
+    from tunecore.tvmjson import trace_to_json
+
+    db = ms.database.JSONDatabase(work_dir=run["work_dir"])
+    records = sorted((r for r in db.get_all_tuning_records() if r.run_secs and float(np.mean(r.run_secs)) < 1e9),
+                     key=lambda r: float(np.mean(r.run_secs)))
+    return [Candidate(task, trace_json=trace_to_json(r.trace), origin="metaschedule") for r in records[:k]]
+
 def run_metaschedule(model: str, trials: int, seed: int, work_dir: str, *, strategy: str = "evolutionary",
                      builder_timeout: float | None = BUILDER_TIMEOUT_S, target: str = "llvm") -> dict:
     """ms.tune_tir into ``work_dir`` in a child process (cost model xgb, 64 trials per iteration) for ``target``
