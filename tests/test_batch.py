@@ -141,3 +141,22 @@ def test_sampling_a_gpu_space_is_not_stopped_by_its_many_invalid_samples():
 
     (task,) = extract_tasks(load_workload("op:conv2d-resnet50-c2"), resolve_target(H100))
     assert len(DesignSpace(task, seed=0).sample_new(16, (), "random")) == 16
+
+
+@pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="needs nvcc (the CUDA toolkit)")
+def test_without_the_compiler_the_batch_runner_compiles_a_librarys_cuda_source_itself():
+    """On the H100 the runtime alone could not load libraries built without a GPU (they carry CUDA source, and TVM's
+    compile callback asks the missing compiler for the target): the batch runner's own callback makes a cubin."""
+    kernel = 'extern "C" __global__ void main_kernel(float* a) { a[threadIdx.x] = 1.0f; }'
+    code = "\n".join([
+        "import sys, tvm, tvm_ffi",
+        "from tunecore.measure.batch import compile_cuda_here",
+        "assert tvm.base._RUNTIME_ONLY",
+        "compile_cuda_here('sm_90')",
+        "out = bytes(tvm_ffi.get_global_func('tvm_callback_cuda_compile')(sys.argv[1]))",
+        "print(out[:4].hex())",
+    ])
+    done = subprocess.run([sys.executable, "-c", code, kernel], capture_output=True, text=True,
+                          env=dict(os.environ, TVM_USE_RUNTIME_LIB="1"), timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-1] == "7f454c46"  # an ELF: the cubin

@@ -60,22 +60,42 @@ def load_runtime_sidecars() -> None:
                 pass
 
 
-def compile_cuda_here(device: Any) -> None:
-    """Without TVM's compiler, compile the CUDA source a library carries (what TVM's codegen leaves when it
-    builds for a GPU it cannot see: TVM compiles it when the library is loaded) for this GPU by NVRTC, with the
-    architecture given: TVM's own callback asks the compiler's current target for it."""
+def compile_cuda_here(arch: str) -> None:
+    """Without TVM's compiler, compile the CUDA source a library carries (what TVM's build leaves in it on a machine
+    without a GPU; TVM compiles it when the library is loaded) for ``arch``: TVM's own compile callback asks the
+    compiler's current target for the architecture, which the runtime alone does not have. NVRTC when
+    ``cuda-bindings`` is installed (milliseconds), else ``nvcc --cubin``."""
     import tvm
 
     if not tvm.base._RUNTIME_ONLY:
         return
     import tvm_ffi
-    from tvm.support import nvcc
-
-    arch = "sm_" + device.compute_version.replace(".", "")
 
     @tvm_ffi.register_global_func("tvm_callback_cuda_compile", override=True)
     def compile_for_this_gpu(code: str, *_: Any) -> bytes:
+        try:
+            import cuda.bindings.nvrtc  # noqa: F401
+        except ImportError:
+            return _nvcc_cubin(code, arch)
+        from tvm.support import nvcc
+
         return nvcc.compile_cuda(code, target_format="cubin", arch=arch, compiler="nvrtc")
+
+
+def _nvcc_cubin(code: str, arch: str) -> bytes:
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="tunecore-cuda-") as directory:
+        source, cubin = os.path.join(directory, "kernels.cu"), os.path.join(directory, "kernels.cubin")
+        with open(source, "w") as f:
+            f.write(code)
+        done = subprocess.run(["nvcc", "--cubin", "-O3", f"-arch={arch}", "-o", cubin, source], capture_output=True,
+                              text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"nvcc: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else 'failed'}")
+        with open(cubin, "rb") as f:
+            return f.read()
 
 
 def describe_device(kind: str, device: Any) -> dict[str, Any]:
@@ -108,7 +128,7 @@ def run_batch(directory: str, *, repeat: int = 5, min_repeat_ms: float = 20.0, m
     if not device.exist:
         raise RuntimeError(f"there is no {kind} device on this machine")
     if kind == "cuda":
-        compile_cuda_here(device)
+        compile_cuda_here("sm_" + device.compute_version.replace(".", ""))
     done = read_results(directory)
     done["device"] = describe_device(kind, device)
     results = done["results"]
@@ -197,7 +217,7 @@ def call_once(directory: str, ids: list[str] | None = None, log: Any = sys.stder
     kind = manifest["target"]["kind"]
     device = tvm.cpu(0) if kind in ("llvm", "c") else tvm.device(kind, 0)
     if kind == "cuda":
-        compile_cuda_here(device)
+        compile_cuda_here("sm_" + device.compute_version.replace(".", ""))
     wanted = None if ids is None else set(ids)
     calls: list[list] = []
     rng = np.random.default_rng(0)
