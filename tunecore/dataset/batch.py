@@ -42,13 +42,13 @@ def export_batch(directory: str, workloads: list[str], target: Any, per_task: in
             key = task.workload_hash
             if key in tasks:
                 continue
-            reference = None
+            reference, weights = None, weight_arguments(task.mod)
             built = host_builder.build([tvm.ir.save_json(task.mod)])[0]
             if isinstance(built, Artifact):
                 reference = f"reference-{key}.npz"
-                worker.save_reference(built.path, target_to_json(host), task.args, weight_arguments(task.mod),
+                worker.save_reference(built.path, target_to_json(host), task.args, weights,
                                       written_arguments(task.mod), os.path.join(directory, reference))
-            tasks[key] = {"args": task.args, "weights": weight_arguments(task.mod), "reference": reference,
+            tasks[key] = {"args": task.args, "weights": weights, "reference": reference,
                           "task": dataclasses.asdict(DatasetTask.of(task))}
             candidates = DesignSpace(task, seed).sample_new(per_task, (), "random")
             for candidate, artifact in zip(candidates, builder.build([tvm.ir.save_json(c.mod) for c in candidates])):

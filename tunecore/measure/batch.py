@@ -116,19 +116,9 @@ def run_batch(directory: str, *, repeat: int = 5, min_repeat_ms: float = 20.0, m
     """Time and check every program of the batch not timed yet; returns the results file's content. A program
     whose timings spread (std/mean) more than ``max_spread`` is timed once more and flagged if it still does
     (tunecore.dataset.protocol's ``label.*`` entries)."""
-    import tvm
-
-    from tunecore.check import mismatch, task_inputs
-
-    load_runtime_sidecars()
-    with open(os.path.join(directory, MANIFEST)) as f:
-        manifest = json.load(f)
-    kind = manifest["target"]["kind"]
-    device = tvm.cpu(0) if kind in ("llvm", "c") else tvm.device(kind, 0)
+    manifest, kind, device = _open_batch(directory)
     if not device.exist:
         raise RuntimeError(f"there is no {kind} device on this machine")
-    if kind == "cuda":
-        compile_cuda_here("sm_" + device.compute_version.replace(".", ""))
     done = read_results(directory)
     done["device"] = describe_device(kind, device)
     results = done["results"]
@@ -141,11 +131,10 @@ def run_batch(directory: str, *, repeat: int = 5, min_repeat_ms: float = 20.0, m
             references[program["task"]] = _reference(directory, task)
         try:
             path = os.path.join(directory, program["library"])
-            result = _time_and_check(path, program, device, references[program["task"]], repeat, min_repeat_ms,
-                                     task_inputs, mismatch)
+            result = _time_and_check(path, program, device, references[program["task"]], repeat, min_repeat_ms)
             result["attempts"] = 1
             if result["error"] is None and max_spread > 0 and _spread(result["run_secs"]) > max_spread:
-                again = _time_and_check(path, program, device, None, repeat, min_repeat_ms, task_inputs, mismatch)
+                again = _time_and_check(path, program, device, None, repeat, min_repeat_ms)
                 result.update(run_secs=again["run_secs"], attempts=2,
                               noisy=_spread(again["run_secs"]) > max_spread)
             results[program["id"]] = result
@@ -171,23 +160,47 @@ def _reference(directory: str, task: dict) -> tuple[list, dict[int, Any]] | None
     return task_inputs(task["args"], task["weights"]), outputs
 
 
+def _open_batch(directory: str) -> tuple[dict, str, Any]:
+    """The batch's manifest, its target's kind and this machine's device of that kind, ready to load its
+    libraries (the runtime's sidecars loaded, CUDA source compiled for this GPU)."""
+    import tvm
+
+    load_runtime_sidecars()
+    with open(os.path.join(directory, MANIFEST)) as f:
+        manifest = json.load(f)
+    kind = manifest["target"]["kind"]
+    device = tvm.cpu(0) if kind in ("llvm", "c") else tvm.device(kind, 0)
+    if kind == "cuda" and device.exist:
+        compile_cuda_here("sm_" + device.compute_version.replace(".", ""))
+    return manifest, kind, device
+
+
+def _random_arguments(program: dict, device: Any, rng: Any) -> list:
+    """Random floats, zero integers (often indices), as the local runner fills unchecked arguments."""
+    import numpy as np
+    import tvm
+
+    return [tvm.runtime.tensor(rng.random(shape).astype(dtype) if dtype.startswith(("float", "bfloat"))
+                               else np.zeros(shape, dtype=dtype), device) for _, dtype, shape in program["args"]]
+
+
 def _time_and_check(path: str, program: dict, device: Any, reference: tuple | None, repeat: int,
-                    min_repeat_ms: float, task_inputs: Any, mismatch: Any) -> dict[str, Any]:
+                    min_repeat_ms: float) -> dict[str, Any]:
     import math
 
     import numpy as np
     import tvm
 
+    from tunecore.check import mismatch
+
     module = tvm.runtime.load_module(path)
     function = module[module.entry_name]
-    rng = np.random.default_rng(0)
     if reference is not None and program.get("packing") is None:
         inputs, outputs = reference
         args = [tvm.runtime.tensor(x, device) for x in inputs]
-    else:  # unchecked: random floats, zero integers (often indices), as the local runner fills them
+    else:
         outputs = None
-        args = [tvm.runtime.tensor(rng.random(shape).astype(dtype) if dtype.startswith(("float", "bfloat"))
-                                   else np.zeros(shape, dtype=dtype), device) for _, dtype, shape in program["args"]]
+        args = _random_arguments(program, device, np.random.default_rng(0))
     start = time.perf_counter()
     function(*args)  # the warm-up call; also the call whose outputs are checked
     device.sync()
@@ -211,13 +224,7 @@ def call_once(directory: str, ids: list[str] | None = None, log: Any = sys.stder
     import numpy as np
     import tvm
 
-    load_runtime_sidecars()
-    with open(os.path.join(directory, MANIFEST)) as f:
-        manifest = json.load(f)
-    kind = manifest["target"]["kind"]
-    device = tvm.cpu(0) if kind in ("llvm", "c") else tvm.device(kind, 0)
-    if kind == "cuda":
-        compile_cuda_here("sm_" + device.compute_version.replace(".", ""))
+    manifest, _, device = _open_batch(directory)
     wanted = None if ids is None else set(ids)
     calls: list[list] = []
     rng = np.random.default_rng(0)
@@ -226,9 +233,7 @@ def call_once(directory: str, ids: list[str] | None = None, log: Any = sys.stder
             continue
         try:
             module = tvm.runtime.load_module(os.path.join(directory, program["library"]))
-            args = [tvm.runtime.tensor(rng.random(shape).astype(dtype) if dtype.startswith(("float", "bfloat"))
-                                       else np.zeros(shape, dtype=dtype), device)
-                    for _, dtype, shape in program["args"]]
+            args = _random_arguments(program, device, rng)
             device.sync()
             module[module.entry_name](*args)
             device.sync()
