@@ -89,8 +89,8 @@ def _build_network(mod: Any, target: Any, database: Any, layout: str = "nchw",
 
 def _default_gpu_schedules(target: Any) -> list:
     """On a GPU, the kernels without a record get TVM's default GPU schedules (dlight, as relax.build's own cuda
-    pipeline gives them): an unscheduled kernel binds no GPU threads and does not build. Kernels scheduled
-    from the database are marked scheduled and left alone."""
+    pipeline gives them) rather than being lowered from their unscheduled form, which TVM 0.27 also builds: the
+    untuned baseline is TVM's own. Kernels scheduled from the database are marked scheduled and left alone."""
     if "gpu" not in target.keys:
         return []
     from tvm.s_tir import dlight as dl
