@@ -110,7 +110,7 @@ def test_an_untuned_network_builds_for_a_gpu_with_default_gpu_schedules():
 
 
 def test_a_gpu_tasks_reference_is_computed_on_the_host_cpu():
-    """The unscheduled program binds no GPU threads: the local runner builds and runs it on the host instead."""
+    """The local runner builds and runs a GPU task's unscheduled program on the host CPU for its reference."""
     from tunecore.measure.local import LocalRunner
     from tunecore.targets import resolve_target
     from tunecore.testing import tiny_task

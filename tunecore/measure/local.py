@@ -232,8 +232,8 @@ class LocalRunner(Runner, Screen, OutputCheck):
         self.directory = tempfile.mkdtemp(prefix="tunecore-references-")
         self.pool = _WarmPool(1, run_timeout, self.target_json)
         self.reference_timeout = reference_timeout
-        # A GPU task's unscheduled program binds no GPU threads and cannot be built for the GPU: its reference
-        # is built and run on the host CPU (the target's host), on the same seeded inputs.
+        # A GPU task's reference is its unscheduled program built and run on the host CPU (the target's host), on
+        # the same seeded inputs: a check that shares neither the CUDA code generator nor the GPU with what it checks.
         self.reference_on_host = target.kind.name not in ("llvm", "c")
         self.reference_target_json = (target_to_json(target.host or host_target()) if self.reference_on_host
                                       else self.target_json)
