@@ -183,3 +183,38 @@ def test_packed_weights_are_packed_by_the_kernels_own_packing(target):
 def test_a_bad_check_option_is_one_line_and_exit_2():
     assert_one_line_exit_2(run_cli("run", "--model", "op:matmul-64", "--trials", "1", "--store", "memory:", "-O",
                                    "measurer.check=sometimes"), "check", "all or best or none")
+
+
+def test_tvms_wrong_packing_of_a_reversed_index_is_an_invalid_program_before_it_is_measured():
+    """TVM 0.27's TransformLayout drops the offset of an index read backwards (tunecore.space.packs_a_reversed_index):
+    shown on a flip, then on dataset v2's programs of a dcgan transposed conv (its kernel is read flipped): those
+    the check found wrong are invalid in the design space, those that computed right outputs stay valid."""
+    import os
+
+    import tvm
+    from tvm import s_tir, te
+
+    from tunecore.dataset.table import Dataset
+    from tunecore.space import DesignSpace, packs_a_reversed_index
+    from tunecore.tvmjson import replay_trace_json
+
+    a = te.placeholder((4,), "float32", name="A")
+    sch = s_tir.Schedule(te.create_prim_func([a, te.compute((4,), lambda i: a[3 - i], name="B")]))
+    sch.transform_layout(sch.get_sblock("B"), ("read", 0), lambda p: [p // 2, p % 2])
+    packed, out = tvm.runtime.tensor(np.arange(4, dtype="float32").reshape(2, 2)), tvm.runtime.empty((4,), "float32")
+    tvm.tirx.build(sch.mod, target="llvm")["main"](packed, out)
+    assert out.numpy().tolist() != [3, 2, 1, 0]  # TVM's bug: when this fails, TVM is fixed and the guard can go
+    assert packs_a_reversed_index(sch)
+
+    dataset = Dataset.load(os.path.join(os.path.dirname(os.path.dirname(__file__)), "datasets",
+                                        "cpu-programs-v2.parquet"))
+    name = "fused_conv2d_transpose2_add2_relu2"
+    ((key, dataset_task),) = [(k, t) for k, t in dataset.tasks.items() if t.name == name]
+    rows = [r for r in dataset.rows if r.task_key == key]
+    wrong = [r for r in rows if r.error and r.error.startswith("wrong output")][:6]
+    right = [r for r in rows if r.latency is not None][:6]
+    assert len(wrong) == len(right) == 6
+    task = dataset_task.for_target(rows[0].target)
+    space = DesignSpace(task)
+    valid = [space.apply(replay_trace_json(task.mod, r.trace).trace, seed=1) is not None for r in wrong + right]
+    assert valid == [False] * 6 + [True] * 6

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any, Collection
 
 import numpy as np
@@ -41,14 +42,15 @@ class DesignSpace:
         self.rng = np.random.default_rng(seed)
 
     def apply_postprocs(self, sch: Any, postprocs: list | None = None) -> bool:
-        """Postprocess in place; False if the schedule turned out invalid.
+        """Postprocess in place; False if the schedule turned out invalid (or TVM's packing miscompiled it:
+        ``packs_a_reversed_index``).
 
         The trace marks where postprocessing begins (as MetaSchedule's searches do): a replay of it with
         ``remove_postproc=True`` (a mutation, a transfer to another task) postprocesses afresh.
         """
         try:
             sch.enter_postproc()
-            return all(p.apply(sch) for p in (postprocs or self.postprocs))
+            return all(p.apply(sch) for p in (postprocs or self.postprocs)) and not packs_a_reversed_index(sch)
         except Exception:  # a postprocessor can throw on a schedule it finds malformed: invalid
             return False
 
@@ -171,6 +173,20 @@ class DesignSpace:
         """The target's mutators (tile size, parallel, unroll, compute location...) with their probabilities."""
         probs = self.context.space_generator.mutator_probs or {}
         return [(m, float(p)) for m, p in probs.items()]
+
+
+# TVM 0.27's TransformLayout drops the offset of an index read backwards when its map splits that axis: under
+# [p // 2, p % 2], A[3 - i] becomes A[i // -2 + 1, i % -2 * -1], which reads other elements. RewriteLayout does this
+# to a transposed conv's flipped kernel (weight[.., 3 - kh, 3 - kw]); in dataset v2 every program of dcgan's
+# transposed convs with a negative divisor in an index computed wrong outputs (205), and none without one did.
+_NEGATIVE_DIVISOR = re.compile(r"(//|%) (T\.int\d+\()?-\d")
+
+
+def packs_a_reversed_index(sch: Any) -> bool:
+    """Whether RewriteLayout's packing rewrote an index into a division by a negative number (see above)."""
+    if not any(inst.kind.name == "TransformLayout" for inst in sch.trace.insts):
+        return False
+    return bool(_NEGATIVE_DIVISOR.search(sch.mod.script()))
 
 
 def _rand_state(seed: int) -> int:
