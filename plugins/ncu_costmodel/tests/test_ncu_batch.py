@@ -45,3 +45,28 @@ def test_known_kernel_names_match_in_order_and_a_failed_call_is_a_failed_profile
     assert [profiles[i]["ncu.kernels"] for i in "abc"] == [1.0, 1.0, 1.0]
     wrong = {i: {"kernels": ["other_kernel"]} for i in "abc"}
     assert match_launches([[i, None] for i in "abc"], wrong, found) == {}
+
+
+def test_a_resumed_profiling_keeps_every_chunks_ncu_output(tmp_path, monkeypatch):
+    """Each chunk's ncu output is saved under its first program's id, so a later call does not overwrite an earlier
+    one's; ncu is a stand-in that runs the batch's call-once pass and prints one real H100 launch per program."""
+    import json
+    import stat
+
+    from tunecore_ncu_costmodel.profilers import profile_batch
+
+    from tunecore.testing.cli import cli_json, run_cli
+
+    batch = tmp_path / "batch"
+    cli_json(run_cli("dataset", "export-batch", "--model", "op:matmul-64", "--target", "llvm", "--per-task", "2",
+                     "--out", str(batch), "--json"))
+    fake = tmp_path / "bin" / "ncu"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\nshift 7\n"$@" > /dev/null 2>&1\nsed -n 4,6p "{FIXTURE}"\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    first, second = (profile_batch(str(batch), limit=1, chunk=1) for _ in range(2))
+    assert first["profiled"] == second["profiled"] == 1
+    profiles = json.load(open(batch / "profiles.json"))
+    assert len(profiles) == 2
+    assert sorted(f for f in os.listdir(batch) if f.startswith("ncu-")) == sorted(f"ncu-{i}.csv" for i in profiles)

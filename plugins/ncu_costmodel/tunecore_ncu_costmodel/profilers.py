@@ -242,7 +242,8 @@ def profile_batch(directory: str, *, limit: int | None = None, chunk: int = 200,
                    ",".join(ncu_csv.STUDY_METRICS), sys.executable, "-m", "tunecore.measure.batch", directory,
                    "--call-once", ids_file]
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-        with open(os.path.join(directory, f"ncu-{start}.csv"), "w") as f:  # ncu's own output, kept for a re-reading
+        # ncu's own output, kept for a re-reading; named by the chunk's first program, which no other call's chunk has
+        with open(os.path.join(directory, f"ncu-{ids[0]}.csv"), "w") as f:
             f.write(done.stdout)
         with open(os.path.join(directory, "calls.json")) as f:
             calls = json.load(f)
