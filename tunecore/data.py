@@ -151,6 +151,13 @@ class MeasureResult:
         return float(statistics.median(self.run_secs))
 
 
+def spread(run_secs: Sequence[float] | None) -> float | None:
+    """std / mean of a program's timings; None without two of them (a dataset label's noise)."""
+    if not run_secs or len(run_secs) < 2:
+        return None
+    return float(statistics.pstdev(run_secs) / statistics.fmean(run_secs))
+
+
 @dataclasses.dataclass
 class Record:
     """A stored measurement: one candidate of one task, with its result and when it was taken."""

@@ -33,6 +33,8 @@ import statistics
 import time
 from typing import Any, Callable, Sequence
 
+from tunecore.data import spread
+
 LABEL_OPTIONS = {"screen": 0, "repeat": 5, "min_repeat_ms": 20}
 MAX_SPREAD = 0.02
 MIN_REPEATS = 5
@@ -58,13 +60,6 @@ def label_options(options: dict[str, dict[str, Any]], measurer_name: str) -> dic
     given = {**out.get("measurer", {}), **out.get(measurer_name, {})}
     out.setdefault("measurer", {}).update({k: v for k, v in LABEL_OPTIONS.items() if k not in given})
     return out
-
-
-def spread(run_secs: Sequence[float] | None) -> float | None:
-    """std / mean of a program's timings; None without two of them."""
-    if not run_secs or len(run_secs) < 2:
-        return None
-    return float(statistics.pstdev(run_secs) / statistics.fmean(run_secs))
 
 
 def is_usable(row: Any) -> bool:

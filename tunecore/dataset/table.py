@@ -23,6 +23,7 @@ import statistics
 import time
 from typing import TYPE_CHECKING, Any, Iterable
 
+from tunecore.data import spread
 from tunecore.errors import UsageError
 
 if TYPE_CHECKING:
@@ -86,9 +87,7 @@ class Measurement:
     @property
     def spread(self) -> float | None:
         """std / mean of the timings; None for a failed program or a single timing (nothing to spread)."""
-        if self.latency is None or len(self.run_secs) < 2:
-            return None
-        return float(statistics.pstdev(self.run_secs) / statistics.fmean(self.run_secs))
+        return spread(self.run_secs) if self.latency is not None else None
 
     @classmethod
     def of(cls, task: Task, record: Record, device_id: str, collected_by: str = "") -> Measurement:

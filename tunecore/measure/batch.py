@@ -22,6 +22,8 @@ import sys
 import time
 from typing import Any
 
+from tunecore.data import spread
+
 MANIFEST = "manifest.json"
 RESULTS = "results.json"
 PROFILES = "profiles.json"  # program id -> profile metrics (a profiler's, e.g. tunecore_ncu_costmodel's)
@@ -133,10 +135,10 @@ def run_batch(directory: str, *, repeat: int = 5, min_repeat_ms: float = 20.0, m
             path = os.path.join(directory, program["library"])
             result = _time_and_check(path, program, device, references[program["task"]], repeat, min_repeat_ms)
             result["attempts"] = 1
-            if result["error"] is None and max_spread > 0 and _spread(result["run_secs"]) > max_spread:
+            if result["error"] is None and max_spread > 0 and (spread(result["run_secs"]) or 0) > max_spread:
                 again = _time_and_check(path, program, device, None, repeat, min_repeat_ms)
                 result.update(run_secs=again["run_secs"], attempts=2,
-                              noisy=_spread(again["run_secs"]) > max_spread)
+                              noisy=(spread(again["run_secs"]) or 0) > max_spread)
             results[program["id"]] = result
         except Exception as error:  # the library does not load or its kernel fails: a failed result
             results[program["id"]] = {"run_secs": None, "error": "run: " + str(error).strip().splitlines()[-1][:300]}
@@ -254,12 +256,6 @@ def device_kernels(library: str) -> list[str]:
         data = f.read()
     pattern = rb'__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\([^;{]*\) ?\{'
     return [m.decode() for m in dict.fromkeys(re.findall(pattern, data))]
-
-
-def _spread(run_secs: list[float]) -> float:
-    import statistics
-
-    return statistics.pstdev(run_secs) / statistics.fmean(run_secs) if len(run_secs) > 1 else 0.0
 
 
 def _save(directory: str, done: dict[str, Any]) -> None:
