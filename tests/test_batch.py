@@ -125,10 +125,12 @@ def test_a_gpu_tasks_reference_is_computed_on_the_host_cpu():
         assert reference is not None
         with np.load(reference["reference"]) as saved:
             (output,) = [saved[k] for k in saved.files]
-        from tunecore.check import task_inputs
+        from tunecore.check import relative_error, task_inputs
 
         a, b, _ = task_inputs(task.args, reference["weights"])
-        np.testing.assert_allclose(output, a @ b, rtol=1e-5)
+        # relative to the largest output, as the check measures: an element near zero is a sum that cancelled, and
+        # float32 rounding in another summation order (numpy's on a Zen 5) moves it by more than 1e-5 of itself
+        assert relative_error(output, a @ b) < 1e-5
     finally:
         runner.close()
 
