@@ -1,18 +1,21 @@
 """End to end: the same networks run by PyTorch, onnxruntime, TVM untuned, and TVM tuned by tunecore and by
 MetaSchedule for the same time.
 
-One definition per network: ResNet-18 / MobileNetV2 in plain torch (bench/torch_nets.py) or
-transformers' BERT-base (sequence length 128), with seeded random weights, exported to ONNX. PyTorch
+One definition per network: ResNet-18 / MobileNetV2 in plain torch (bench/torch_nets.py), transformers'
+BERT-base (sequence length 128), or a CNN of the model corpus (tunecore/testing/corpus.py: ResNeXt's grouped
+convs, ConvNeXt's depthwise 7x7 convs and layer norms), with seeded random weights, exported to ONNX. PyTorch
 runs the module (eager, and `torch.compile` where it works here); onnxruntime and TVM run the ONNX
 file. tunecore tunes it with `tunecore run --model NET.onnx --time-budget T` and MetaSchedule with its own
-`tune_relax` on the same tasks for the same wall time T (each a child process; MetaSchedule's is stopped at
-T, its database keeps what it committed); both are built the same way, as `tunecore compile` builds.
+`tune_relax` on the same tasks for the same wall time T, or for its own (``--ms-time-budget``: its first pass
+over a CNN's tasks may need more than tunecore's) (each a child process; MetaSchedule's is stopped at its
+time, its database keeps what it committed); both are built the same way, as `tunecore compile` builds.
 Every variant's output is checked against PyTorch's; all variants use the target's core count as threads
 and are timed in one process, in alternating passes (a pass: calls for at least 0.3 s, median), the latency
 is the median over passes. Then, for tunecore's build, where the time goes per layer (bench/e2e_gap.py).
 
-    .venv/bin/pip install -e ".[e2e]" transformers   # torch==2.13.0, onnxruntime; transformers for bert-base
-    python bench/e2e.py [--models resnet-18,mobilenet-v2,bert-base] [--time-budget 30m] [--trials N]
+    .venv/bin/pip install -e ".[e2e]" transformers   # torch==2.13.0, onnxruntime; transformers: bert-base, convnext
+    python bench/e2e.py [--models resnet-18,mobilenet-v2,bert-base,resnext,convnext] [--time-budget 30m]
+                        [--ms-time-budget 45m] [--trials N] [--layout nchwc]
 
 Resumable: the ONNX files, stores, MetaSchedule databases and tuning times are kept in --work; an
 interrupted tuning resumes with the time it has left. Writes bench/results/e2e.{json,md}.
@@ -33,7 +36,8 @@ from tunecore import experiments
 from tunecore.cli.args import duration
 from tunecore.experiments import command_line, environment, write_results
 
-NETWORKS = ("resnet-18", "mobilenet-v2", "bert-base")
+NETWORKS = ("resnet-18", "mobilenet-v2", "bert-base", "resnext", "convnext")
+CORPUS_CNNS = ("resnext", "convnext")  # tunecore.testing.corpus
 
 
 def network(name: str) -> tuple[Any, np.ndarray]:
@@ -59,6 +63,11 @@ def network(name: str) -> tuple[Any, np.ndarray]:
                 return self.bert(input_ids=input_ids).last_hidden_state
 
         return Bert().eval(), rng.integers(0, 30522, (1, 128)).astype("int64")
+    if name in CORPUS_CNNS:
+        from tunecore.testing.corpus import factory
+
+        module, (image,) = factory(name)
+        return module, image.numpy()
     raise ValueError(f"unknown network {name!r}")  # main() checked --models
 
 
@@ -175,6 +184,8 @@ def main() -> None:
     parser.add_argument("--cost-model", default="xgb")
     parser.add_argument("--time-budget", type=duration, default=1800.0, metavar="DURATION",
                         help="tuning time per network for each tuner (default: 30m)")
+    parser.add_argument("--ms-time-budget", type=duration, default=None, metavar="DURATION",
+                        help="MetaSchedule's tuning time per network (default: --time-budget)")
     parser.add_argument("--trials", type=int, default=None, help="also stop tunecore at this many trials")
     parser.add_argument("--tuners", default="tunecore,metaschedule")
     parser.add_argument("--ms-trials-per-iter", type=int, default=64, metavar="N",
@@ -191,7 +202,8 @@ def main() -> None:
     unknown = [m for m in models if m not in NETWORKS]
     if unknown:
         parser.error(f"--models: unknown network {unknown[0]!r}; known: {', '.join(NETWORKS)}")
-    missing = [m for m in ("torch", "onnxruntime", *(["transformers"] if "bert-base" in models else []))
+    needs_transformers = {"bert-base", "convnext"} & set(models)
+    missing = [m for m in ("torch", "onnxruntime", *(["transformers"] if needs_transformers else []))
                if importlib.util.find_spec(m) is None]
     if missing:
         parser.error(f"needs {', '.join(missing)}: pip install -e \".[e2e]\""
@@ -202,6 +214,7 @@ def main() -> None:
     from tunecore.targets import resolve_target, use_target_threads
 
     threads = use_target_threads(resolve_target("llvm"))
+    ms_seconds = args.ms_time_budget or args.time_budget
     os.makedirs(args.work, exist_ok=True)
     done_path = os.path.join(args.work, "tuning.json")
     networks = {}
@@ -213,7 +226,7 @@ def main() -> None:
         label = f"{name}-{args.search}-{args.cost_model}-{args.time_budget:g}s" + (
             f"-{args.trials}" if args.trials else "") + (f"-{layout}" if layout != "nchw" else "")
         store = os.path.join(args.work, f"{label}.db")
-        ms_work_dir = os.path.join(args.work, f"{name}-metaschedule-{args.time_budget:g}s" + (
+        ms_work_dir = os.path.join(args.work, f"{name}-metaschedule-{ms_seconds:g}s" + (
             f"-{args.ms_trials_per_iter}" if args.ms_trials_per_iter != 64 else "") + (
             f"-{layout}" if layout != "nchw" else ""))
         tuning = {}
@@ -221,7 +234,7 @@ def main() -> None:
             tuning["tunecore"] = tune(onnx_path, store, args.search, args.cost_model, args.trials, args.time_budget,
                                       done_path, layout)
         if "metaschedule" in tuners:
-            tuning["MetaSchedule"] = tune_metaschedule(onnx_path, ms_work_dir, args.time_budget,
+            tuning["MetaSchedule"] = tune_metaschedule(onnx_path, ms_work_dir, ms_seconds,
                                                        args.ms_trials_per_iter, done_path, layout)
         functions = variants(name, model, x, onnx_path, store, ms_work_dir if "metaschedule" in tuners else None,
                              threads, layout)
@@ -234,7 +247,8 @@ def main() -> None:
             networks[name]["gap"] = e2e_gap.analyse(onnx_path, store, runs=10, layout=layout)
 
     report = {"benchmark": "e2e", "search": args.search, "cost_model": args.cost_model, "trials": args.trials,
-              "time_budget_s": args.time_budget, "ms_trials_per_iter": args.ms_trials_per_iter, "layout": args.layout,
+              "time_budget_s": args.time_budget, "ms_time_budget_s": ms_seconds,
+              "ms_trials_per_iter": args.ms_trials_per_iter, "layout": args.layout,
               "threads": threads, "passes": args.passes, "networks": networks, "environment": environment(),
               "versions": _versions(), "command": command_line("e2e.py")}
     write_results(args.out, "e2e", report, markdown(report))
@@ -279,7 +293,8 @@ def markdown(report: dict) -> str:
                 if report.get("layout", "nchw") != "nchw" else "")
              + f"; MetaSchedule's `tune_relax` (evolutionary, xgb, {report.get('ms_trials_per_iter', 64)} per "
              "iteration, builder timeout "
-             f"{experiments.BUILDER_TIMEOUT_S} s) on the same tasks, stopped at {budget}. Both built as `tunecore "
+             f"{experiments.BUILDER_TIMEOUT_S} s) on the same tasks, stopped at "
+             f"{report.get('ms_time_budget_s', report['time_budget_s']) / 60:g} min. Both built as `tunecore "
              f"compile` builds (weights pre-packed). Latency: median of {report['passes']} alternating passes, all "
              "variants in one process; outputs checked against PyTorch eager.", "",
              "Spread: each variant's fastest and slowest pass (min-max ms). A ratio's range in brackets pairs the "
