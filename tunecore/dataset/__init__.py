@@ -6,12 +6,12 @@ built here for a machine without TVM's compiler (tunecore.measure.batch times th
 This package is public (see tunecore.interfaces): plugins import what ``__all__`` lists from it, not from its modules.
 """
 
-from tunecore.dataset.collect import remeasure
+from tunecore.dataset.collect import CollectPlan, collect, remeasure
 from tunecore.dataset.evaluate import held_out_metrics, measured_groups
 from tunecore.dataset.split import device_of, split
 from tunecore.dataset.table import Dataset, Measurement
 from tunecore.measure.batch import MANIFEST as BATCH_MANIFEST
 from tunecore.measure.batch import PROFILES as BATCH_PROFILES
 
-__all__ = ["BATCH_MANIFEST", "BATCH_PROFILES", "Dataset", "Measurement", "device_of", "held_out_metrics",
-           "measured_groups", "remeasure", "split"]
+__all__ = ["BATCH_MANIFEST", "BATCH_PROFILES", "CollectPlan", "Dataset", "Measurement", "collect", "device_of",
+           "held_out_metrics", "measured_groups", "remeasure", "split"]

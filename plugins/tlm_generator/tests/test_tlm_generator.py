@@ -322,3 +322,32 @@ def test_online_fine_tuning_learns_from_the_fastest_measured():
     assert any(not torch.equal(a, b) for a, b in zip(before, policy.model.parameters()))
     (state,) = policy.tasks.values()
     assert [b[0] for b in state.best] == sorted(r.latency for r in store.best(task.task_id, 4))
+
+
+def test_the_loop_writes_measures_and_fine_tunes_in_rounds_and_resumes(tmp_path):
+    """`tlm loop`: each round the last round's weights write programs of the training task, measured into the
+    loop's dataset, and the base weights are fine-tuned on the best of every sketch; the held-out workload's
+    best programs only give the reported loss. Running it again measures nothing more."""
+    data, out = str(tmp_path / "d.parquet"), str(tmp_path / "loop.pt")
+    cli_json(run_cli("dataset", "collect", "--model", "op:matmul-64,op:matmul-128", "--per-task", "3",
+                     "--random-fraction", "1", "--anchors", "0", "--out", data, "--json"))
+    args = ["tlm", "loop", "-d", data, "--exclude", "op:matmul-128", "--rounds", "2", "--per-round", "3",
+            "--steps", "4", "--batch-size", "4", "-o", out, "--json"]
+    result = cli_json(run_cli(*args))
+    assert result["done"] and result["workloads"] == ["op:matmul-64"] and result["held_out_programs"] == 1
+    rounds = result["rounds"]
+    assert [r["round"] for r in rounds] == [0, 1, 2]
+    assert all(r["held_out_choice_loss"] > 0 and r["uniform_choice_loss"] > 0 for r in rounds)
+    assert all(r["measured"] >= 3 and r["failed"] == 0 and r["examples"] >= 1 for r in rounds[1:])
+    assert rounds[2]["best_vs_earlier_rounds"] is not None
+    programs = Dataset.load(result["programs"])
+    assert {w for t in programs.tasks.values() for w in t.workloads} == {"op:matmul-64"}
+    assert len(programs.rows) >= 6 and {r.collected_by for r in programs.rows} == {"tlm"}
+    _, _, metadata = lm.load(out)
+    assert metadata["stage"] == "loop" and metadata["round"] == 2 and os.path.exists(out + ".round1.pt")
+    again = cli_json(run_cli(*args))
+    assert again["rounds"] == rounds and len(Dataset.load(result["programs"]).rows) == len(programs.rows)
+    assert_one_line_exit_2(run_cli("tlm", "loop", "-d", data, "--exclude", "op:matmul-64,op:matmul-128",
+                                   "-o", out), "no training workload")
+    assert_one_line_exit_2(run_cli("tlm", "loop", "-d", str(tmp_path / "none.parquet"), "--exclude", "op:x",
+                                   "-o", out), "no such dataset file")

@@ -1,4 +1,5 @@
-"""``tunecore tlm pretrain|finetune``: pre-train on unlabeled random programs, fine-tune on the best measured ones.
+"""``tunecore tlm pretrain|finetune|loop``: pre-train on unlabeled random programs, fine-tune on the best measured
+ones, and TLM's own loop of writing, measuring and fine-tuning (tunecore_tlm_generator.loop).
 
 Both are resumable (tunecore_tlm_generator.training): a checkpoint beside the output (``OUT.ckpt``: model,
 optimizer, step; and for pre-training the sampled corpus, ``OUT.corpus.npz``) is written every 100 steps and
@@ -14,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from tunecore.cli import Parser, add_devices, add_seed, count, names, number, render
+from tunecore.cli import Parser, add_devices, add_seed, count, duration, names, number, render
 from tunecore.interfaces import UsageError
 
 
@@ -42,9 +43,39 @@ def add_commands(register: Any) -> None:
     finetune.add_argument("--top", type=count(1), default=1, help="best programs per task and device (TLM: 1)")
     add_devices(finetune, "fine-tune only on measurements on")
 
+    loop = sub.add_parser("loop", help="rounds of writing programs for the training tasks, measuring them here and "
+                                       "fine-tuning on the best of every sketch (TLM's loop; resumable)")
+    loop.add_argument("--dataset", "-d", action="append", required=True, type=names,
+                      help="measured programs (repeatable): what the model learns from beside its own, and the "
+                           "held-out workloads' best programs the loss is reported on")
+    loop.add_argument("--exclude", type=names, required=True,
+                      help="held-out workloads, e.g. zoo:resnet-18,zoo:mobilenet-v2,zoo:bert-tiny")
+    loop.add_argument("--model", "-m", type=names, default=[],
+                      help="training workloads to write programs for (default: the datasets' other workloads)")
+    loop.add_argument("--kernels", type=names, default=[], help="only tasks of these operators, e.g. conv,dense")
+    loop.add_argument("--teachers", type=names, default=[],
+                      help="more dataset files to learn from, e.g. a long ansor run's store written by `tunecore "
+                           "dataset export`")
+    loop.add_argument("--weights", default="shipped-base",
+                      help="the base weights every round is fine-tuned from: 'shipped-base' or a file")
+    loop.add_argument("--rounds", type=count(1), default=4, help="rounds (default 4)")
+    loop.add_argument("--per-round", type=count(1), default=16, help="programs written per task and round (default 16)")
+    loop.add_argument("--temperature", type=number(1e-3, 10), default=1.0, help="sampling temperature (default 1)")
+    loop.add_argument("--top", type=count(1), default=1, help="fastest programs per sketch learned from (default 1)")
+    loop.add_argument("--steps", type=count(1), default=None, help="optimizer steps per round (default: 10 epochs)")
+    loop.add_argument("--batch-size", type=count(1), default=32, help="sentences per step (default 32)")
+    loop.add_argument("--lr", type=number(1e-12), default=3e-4, help="learning rate (default 3e-4)")
+    loop.add_argument("--time-limit", type=duration, default=None, metavar="DURATION",
+                      help="stop (resumable) after this long: 90m, 2h")
+    add_seed(loop, "the programs written and the batches")
+    loop.add_argument("--out", "-o", required=True,
+                      help="the last round's weights (.pt); each round's, the round log and the measured programs "
+                           "are written beside it")
+    loop.add_argument("--json", action="store_true")
+
 
 def cmd_tlm(args: argparse.Namespace) -> int:
-    return {"pretrain": _pretrain, "finetune": _finetune}[args.tlm_command](args)
+    return {"pretrain": _pretrain, "finetune": _finetune, "loop": _loop}[args.tlm_command](args)
 
 
 def _pairs(args: argparse.Namespace) -> tuple[Any, list]:
@@ -162,6 +193,29 @@ def _finetune(args: argparse.Namespace) -> int:
     render.fields({"out": args.out, "programs": len(examples), "tasks": describe(pairs)["tasks"], "steps": steps,
                   "loss_before": round(before, 4), "loss": round(lm.mean_loss(model, examples), 4),
                   "train_loss": round(loss, 4), "elapsed_s": round(time.perf_counter() - started, 1)}, args.json)
+    return 0
+
+
+def _loop(args: argparse.Namespace) -> int:
+    from tunecore_tlm_generator.loop import LoopPlan, run_loop
+
+    for path in [p for group in args.dataset for p in group] + args.teachers:
+        if not os.path.exists(path):
+            raise UsageError(f"{path}: no such dataset file")
+    plan = LoopPlan(datasets=[p for group in args.dataset for p in group], exclude=args.exclude, out=args.out,
+                    models=args.model, kernels=args.kernels, teachers=args.teachers, weights=args.weights,
+                    rounds=args.rounds, per_round=args.per_round, temperature=args.temperature, top=args.top,
+                    steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
+                    time_limit=args.time_limit)
+    with render.tracker(transient=args.json) as on_progress:
+        result = run_loop(plan, on_progress)
+    if args.json:
+        render.fields(result, True)
+        return 0
+    for report in result["rounds"]:
+        render.fields(report, False)
+    print(f"{'done' if result['done'] else 'stopped, run again to continue'}: {len(result['rounds']) - 1} of "
+          f"{args.rounds} rounds; programs in {result['programs']}")
     return 0
 
 

@@ -73,8 +73,10 @@ def random_programs(sketches: Sketches, pairs: Sequence[tuple[Any, str]], per_sk
 
 
 def best_programs(dataset: Any, sketches: Sketches, pairs: Sequence[tuple[Any, str]], top: int,
-                  device_ids: set[str] | None = None) -> list[tuple[SketchPrompt, list[Any], float]]:
-    """The ``top`` fastest measured programs of each (task, device), as (prompt, decisions, latency / best).
+                  device_ids: set[str] | None = None,
+                  per_sketch: bool = False) -> list[tuple[SketchPrompt, list[Any], float]]:
+    """The ``top`` fastest measured programs of each (task, device), or with ``per_sketch`` of each (task, device,
+    sketch) (TLM's fine-tuning set on GPUs: the best of every sketch), as (prompt, decisions, latency / best).
 
     Programs whose trace is of none of the task's writable sketches (another TVM's, or a sketch the
     sentences cannot express) are left out.
@@ -90,17 +92,19 @@ def best_programs(dataset: Any, sketches: Sketches, pairs: Sequence[tuple[Any, s
     out = []
     for (key, target, _), measured in sorted(rows.items()):
         _, prompts, _ = sketches.of(dataset.tasks[key], target)
-        kept = []
+        kept: dict[int, list] = collections.defaultdict(list)  # by sketch, or all under 0
         measured.sort(key=lambda r: r.latency)
         for row in measured:
             for prompt in (p for p in prompts if p.slots):
                 decisions = trace_decisions(row.trace, prompt)
                 if decisions is not None:
-                    kept.append((prompt, decisions, row.latency / measured[0].latency))
+                    chosen = kept[prompt.sketch_index if per_sketch else 0]
+                    if len(chosen) < top:
+                        chosen.append((prompt, decisions, row.latency / measured[0].latency))
                     break
-            if len(kept) >= top:
+            if not per_sketch and len(kept[0]) >= top:
                 break
-        out += kept
+        out += [program for programs in kept.values() for program in programs]
     return out
 
 
