@@ -168,7 +168,7 @@ def test_train_command_reports_held_out_error_and_predict_uses_its_weights(slice
 
     weights = str(tmp_path / "m.pt")
     report = cli_json(run_cli("cdmpp", "train", "--dataset", slice_path, "--split", "workload:zoo:bert-tiny",
-                              "--epochs", "3", "-o", weights, "--json"))
+                              "--epochs", "3", "--rank-weight", "0.5", "-o", weights, "--json"))
     # what the slice holds: bert-tiny's tasks are held out, every other task's measurements are trained on
     dataset = Dataset.load(slice_path)
     held = {key for key, task in dataset.tasks.items() if "zoo:bert-tiny" in task.workloads}
@@ -185,7 +185,7 @@ def test_train_command_reports_held_out_error_and_predict_uses_its_weights(slice
     workloads = sorted({w for r in train_rows for w in dataset.tasks[r.task_key].workloads})
     assert "zoo:resnet-18" in workloads and "zoo:bert-tiny" not in workloads
     assert trained_on == {"dataset": slice_path, "split": "workload:zoo:bert-tiny", "programs": len(train_rows),
-                          "devices": per_device, "workloads": workloads, "epochs": 3}
+                          "devices": per_device, "workloads": workloads, "epochs": 3, "rank_weight": 0.5}
     model = CDMPPModel(weights=weights)
     assert model.predictor.trained and model.predictor.trained_on == trained_on
 
@@ -251,10 +251,12 @@ def test_cdmpp_guides_a_run(search, tmp_path):
     assert summary["tasks"][0]["best_latency_s"] is not None
 
 
-def test_scores_are_finite_for_programs_it_never_saw_and_rank_those_it_learned(matmul_task):
+@pytest.mark.parametrize("rank_weight", [0.0, 1.0])
+def test_scores_are_finite_for_programs_it_never_saw_and_rank_those_it_learned(matmul_task, rank_weight):
     """One measured round of 32 programs (``tiled_latency``: latencies that follow the tiling, no noise) trains an
     untrained model from scratch (200 steps): it then ranks and predicts those programs, which it ranked at random
-    before, and scores 8 programs it never saw with finite numbers that tell them apart."""
+    before, and scores 8 programs it never saw with finite numbers that tell them apart; with the ranking term
+    in the loss too."""
     from scipy.stats import spearmanr
 
     from tunecore.testing import tiled_latency
@@ -263,7 +265,7 @@ def test_scores_are_finite_for_programs_it_never_saw_and_rank_those_it_learned(m
     seen, unseen = candidates[:32], candidates[32:]
     latencies = np.array([tiled_latency(c) for c in seen])
     assert len(set(latencies)) > 16  # something to rank
-    model = CDMPPModel(weights="none", epochs=2)
+    model = CDMPPModel(weights="none", epochs=2, rank_weight=rank_weight)
     untrained = spearmanr(model.predict(matmul_task, seen), -latencies).statistic  # a random order
     model.update(matmul_task, seen, [MeasureResult(run_secs=[latency]) for latency in latencies])
     assert model.predictor.trained
@@ -297,3 +299,24 @@ def test_measurement_workers_do_not_import_torch_and_other_children_still_can(mo
         pool.close()
     probe = [sys.executable, "-c", "import sys, tvm, torch; print(torch.__version__, torch.tensor([2.0]).sum().item())"]
     assert subprocess.run(probe, capture_output=True, text=True).stdout.split() == [torch.__version__, "2.0"]
+
+
+def test_the_ranking_term_orders_pairs_within_a_group_only():
+    from tunecore_cdmpp_predictor.model import group_batch, rank_loss
+
+    target = torch.tensor([0.0, 1.0, 2.0, 0.0, 1.0])
+    groups = torch.tensor([0, 0, 0, 1, 1])
+    right = rank_loss(torch.tensor([-5.0, 0.0, 5.0, 0.0, 9.0]), target, groups)
+    wrong = rank_loss(torch.tensor([5.0, 0.0, -5.0, 0.0, 9.0]), target, groups)
+    assert right < 0.01 < np.log(2) < wrong
+    # across groups nothing is ordered: the second group alone decides when the first is all ties
+    ties = rank_loss(torch.tensor([9.0, -9.0, 0.0, 0.0, 9.0]), torch.tensor([1.0, 1.0, 1.0, 0.0, 1.0]), groups)
+    assert ties < 0.01
+    z = torch.zeros(3, requires_grad=True)
+    alone = rank_loss(z, torch.zeros(3), torch.tensor([0, 1, 2]))
+    alone.backward()
+    assert float(alone) == 0.0 and z.grad is not None
+    names = np.array(["a"] * 40 + ["b"] * 5 + ["c"] * 20)
+    index = group_batch(names, 32, 16, np.random.default_rng(0))
+    assert len(set(index.tolist())) == len(index) and len(set(names[index])) == 2
+    assert all((names[index] == g).sum() <= 16 for g in "abc")

@@ -7,7 +7,7 @@ import json
 import time
 from typing import Any
 
-from tunecore.cli import Parser, add_devices, add_seed, count, render
+from tunecore.cli import Parser, add_devices, add_seed, count, number, render
 from tunecore.interfaces import UsageError
 
 
@@ -21,6 +21,8 @@ def add_commands(register: Any) -> None:
                                                      "(as for `costmodel eval`)")
     add_devices(train, "train only on measurements on")
     train.add_argument("--epochs", type=count(1), default=30, help="passes over the training data (default 30)")
+    train.add_argument("--rank-weight", type=number(0), default=0.0,
+                       help="weight of a ranking term within tasks in the loss (default 0: MSE and MAPE only)")
     add_seed(train, "the network's initial weights and the order of batches")
     train.add_argument("--out", "-o", required=True, help="weights file to write (.pt)")
     train.add_argument("--json", action="store_true")
@@ -57,7 +59,7 @@ def _train(args: argparse.Namespace) -> int:
     else:
         keep = {device_of(dataset, d) for d in devices} if devices else None
         train_rows, test_rows = [r for r in dataset.rows if keep is None or r.device_id in keep], []
-    model = CDMPPModel(weights="none", epochs=args.epochs, seed=args.seed)
+    model = CDMPPModel(weights="none", epochs=args.epochs, rank_weight=args.rank_weight, seed=args.seed)
     started = time.perf_counter()
     train = measured_groups(dataset, train_rows)
     _features(model, train, "features")
@@ -67,7 +69,8 @@ def _train(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.dataset}: no programs to train on (none ran, or on devices cdmpp cannot describe)")
     workloads = sorted({w for r in train_rows for w in dataset.tasks[r.task_key].workloads})
     model.predictor.trained_on = {"dataset": args.dataset, "split": args.split, "programs": report["programs"],
-                                  "devices": report["devices"], "workloads": workloads, "epochs": args.epochs}
+                                  "devices": report["devices"], "workloads": workloads, "epochs": args.epochs,
+                                  "rank_weight": args.rank_weight}
     model.save(args.out)
     out: dict[str, Any] = {"out": args.out, "programs": report["programs"], "devices": report["devices"],
                            "loss": round(report["loss"], 4), "train_s": round(time.perf_counter() - started, 1)}

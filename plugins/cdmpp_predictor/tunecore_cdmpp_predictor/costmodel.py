@@ -43,7 +43,8 @@ class CDMPPModel(CostModel):
     target_kinds = frozenset({"llvm", "cuda"})
 
     def __init__(self, *, weights: str = "shipped", online: bool = True, epochs: int = 30, online_steps: int = 50,
-                 batch_size: int = 256, lr: float = 1e-3, threads: int | None = None, **kwargs: Any):
+                 batch_size: int = 256, lr: float = 1e-3, rank_weight: float = 0.0, threads: int | None = None,
+                 **kwargs: Any):
         super().__init__(**kwargs)
         check_options(
             weights=(weights, isinstance(weights, str) and bool(weights), "'shipped', 'none' or a file"),
@@ -52,12 +53,14 @@ class CDMPPModel(CostModel):
             online_steps=(online_steps, is_int(online_steps, 0), "an integer >= 0"),
             batch_size=(batch_size, is_int(batch_size, 1), "an integer >= 1"),
             lr=(lr, is_number(lr, 1e-9), "a positive number"),
+            rank_weight=(rank_weight, is_number(rank_weight, 0), "a number >= 0"),
             threads=(threads, threads is None or is_int(threads, 1), "an integer >= 1"),
         )
         from tunecore.targets import physical_cores
 
         self.weights, self.online = weights, online
         self.epochs, self.online_steps, self.batch_size, self.lr = epochs, online_steps, batch_size, lr
+        self.rank_weight = rank_weight  # the within-task ranking term of the loss (model.rank_loss)
         self.threads = threads or physical_cores()
         self.asts = CompactASTs(self.threads)
         self.predictor = self._initial_predictor()
@@ -194,8 +197,10 @@ class CDMPPModel(CostModel):
             chosen = set(emphasis)
             new = np.array([k in chosen for k in keys])
             weights = np.where(new, 1.0 / new.sum(), 1.0 / (~new).sum())
+        groups = np.array([f"{k[0]}|{k[2]}" for k in keys])  # a task on a device
         return self.predictor.fit(programs, devices, latencies, steps=steps, adapter=adapter,
                                   batch_size=self.batch_size, lr=self.lr, sample_weights=weights,
+                                  rank_weight=self.rank_weight, groups=groups,
                                   seed=int(self.rng.integers(2**31)),
                                   on_step=None if on_progress is None
                                   else lambda i, loss: on_progress(Progress("training", i + 1, steps, loss=loss)))
