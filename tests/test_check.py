@@ -185,7 +185,7 @@ def test_a_bad_check_option_is_one_line_and_exit_2():
                                    "measurer.check=sometimes"), "check", "all or best or none")
 
 
-def test_tvms_wrong_packing_of_a_reversed_index_is_an_invalid_program_before_it_is_measured():
+def test_tvms_wrong_packing_of_a_reversed_index_is_an_invalid_program_before_it_is_measured(matmul_task):
     """TVM 0.27's TransformLayout drops the offset of an index read backwards (tunecore.space.packs_a_reversed_index):
     shown on a flip, then on dataset v2's programs of a dcgan transposed conv (its kernel is read flipped): those
     the check found wrong are invalid in the design space, those that computed right outputs stay valid."""
@@ -205,6 +205,7 @@ def test_tvms_wrong_packing_of_a_reversed_index_is_an_invalid_program_before_it_
     tvm.tirx.build(sch.mod, target="llvm")["main"](packed, out)
     assert out.numpy().tolist() != [3, 2, 1, 0]  # TVM's bug: when this fails, TVM is fixed and the guard can go
     assert packs_a_reversed_index(sch)
+    assert not DesignSpace(matmul_task).reads_backwards
 
     dataset = Dataset.load(os.path.join(os.path.dirname(os.path.dirname(__file__)), "datasets",
                                         "cpu-programs-v2.parquet"))
@@ -216,5 +217,6 @@ def test_tvms_wrong_packing_of_a_reversed_index_is_an_invalid_program_before_it_
     assert len(wrong) == len(right) == 6
     task = dataset_task.for_target(rows[0].target)
     space = DesignSpace(task)
+    assert space.reads_backwards  # the guard is checked only where a task reads an index backwards
     valid = [space.apply(replay_trace_json(task.mod, r.trace).trace, seed=1) is not None for r in wrong + right]
     assert valid == [False] * 6 + [True] * 6
