@@ -49,9 +49,11 @@ class CollectPlan:
     max_spread: float = protocol.MAX_SPREAD  # a program whose timings spread more is measured again, then flagged
     anchors: int = protocol.ANCHORS  # programs measured at the start and end of the run (0: none)
     kernels: tuple[str, ...] = ()  # only tasks whose kernel class contains one of these (e.g. "conv"); (): all
+    skip: frozenset[str] = frozenset()  # task keys not to measure (e.g. the kernels of held-out workloads)
 
     def wants(self, task: Any) -> bool:
-        return not self.kernels or any(kind in task.kernel_class for kind in self.kernels)
+        return task.workload_hash not in self.skip and (
+            not self.kernels or any(kind in task.kernel_class for kind in self.kernels))
 
 
 class _Stop(Exception):

@@ -333,12 +333,15 @@ def test_the_loop_writes_measures_and_fine_tunes_in_rounds_and_resumes(tmp_path)
                      "--random-fraction", "1", "--anchors", "0", "--out", data, "--json"))
     args = ["tlm", "loop", "-d", data, "--exclude", "op:matmul-128", "--rounds", "2", "--per-round", "3",
             "--steps", "4", "--batch-size", "4", "-o", out, "--json"]
-    result = cli_json(run_cli(*args))
+    stopped = cli_json(run_cli(*args, "--time-limit", "0.1"))  # stops after its first measurements
+    assert not stopped["done"] and [r["round"] for r in stopped["rounds"]] == [0]
+    result = cli_json(run_cli(*args))  # resumes
     assert result["done"] and result["workloads"] == ["op:matmul-64"] and result["held_out_programs"] == 1
     rounds = result["rounds"]
-    assert [r["round"] for r in rounds] == [0, 1, 2]
-    assert all(r["held_out_choice_loss"] > 0 and r["uniform_choice_loss"] > 0 for r in rounds)
-    assert all(r["measured"] >= 3 and r["failed"] == 0 and r["examples"] >= 1 for r in rounds[1:])
+    assert [r["round"] for r in rounds] == [0, 1, 2] and rounds[0] == stopped["rounds"][0]
+    assert all(r["held_out_programs"] == 1 and r["held_out_choice_loss"] > 0 for r in rounds)
+    assert all(r["measured"] >= 3 and r["written_by_the_model"] >= 1 and r["failed"] == 0 and r["examples"] >= 1
+               for r in rounds[1:])
     assert rounds[2]["best_vs_earlier_rounds"] is not None
     programs = Dataset.load(result["programs"])
     assert {w for t in programs.tasks.values() for w in t.workloads} == {"op:matmul-64"}
@@ -347,7 +350,12 @@ def test_the_loop_writes_measures_and_fine_tunes_in_rounds_and_resumes(tmp_path)
     assert metadata["stage"] == "loop" and metadata["round"] == 2 and os.path.exists(out + ".round1.pt")
     again = cli_json(run_cli(*args))
     assert again["rounds"] == rounds and len(Dataset.load(result["programs"]).rows) == len(programs.rows)
+    keys = [(r.task_key, r.program_key) for r in programs.rows]
+    assert len(keys) == len(set(keys))  # the resumed round wrote new programs, not the same again
+    assert_one_line_exit_2(run_cli(*args, "--per-round", "4"), "a loop with other settings")
     assert_one_line_exit_2(run_cli("tlm", "loop", "-d", data, "--exclude", "op:matmul-64,op:matmul-128",
                                    "-o", out), "no training workload")
+    assert_one_line_exit_2(run_cli("tlm", "loop", "-d", data, "--exclude", "zoo:resnet18", "-o", out),
+                           "--exclude zoo:resnet18: no dataset has it")
     assert_one_line_exit_2(run_cli("tlm", "loop", "-d", str(tmp_path / "none.parquet"), "--exclude", "op:x",
                                    "-o", out), "no such dataset file")

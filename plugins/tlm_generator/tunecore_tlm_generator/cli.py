@@ -66,7 +66,7 @@ def add_commands(register: Any) -> None:
     loop.add_argument("--batch-size", type=count(1), default=32, help="sentences per step (default 32)")
     loop.add_argument("--lr", type=number(1e-12), default=3e-4, help="learning rate (default 3e-4)")
     loop.add_argument("--time-limit", type=duration, default=None, metavar="DURATION",
-                      help="stop (resumable) after this long: 90m, 2h")
+                      help="stop measuring (resumable) after this long: 90m, 2h; a round's training then runs on")
     add_seed(loop, "the programs written and the batches")
     loop.add_argument("--out", "-o", required=True,
                       help="the last round's weights (.pt); each round's, the round log and the measured programs "

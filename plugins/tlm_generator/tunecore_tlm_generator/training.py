@@ -93,8 +93,11 @@ def best_programs(dataset: Any, sketches: Sketches, pairs: Sequence[tuple[Any, s
     for (key, target, _), measured in sorted(rows.items()):
         _, prompts, _ = sketches.of(dataset.tasks[key], target)
         kept: dict[int, list] = collections.defaultdict(list)  # by sketch, or all under 0
+        writable = sum(1 for p in prompts if p.slots) if per_sketch else 1
         measured.sort(key=lambda r: r.latency)
         for row in measured:
+            if len(kept) == writable and all(len(programs) >= top for programs in kept.values()):
+                break
             for prompt in (p for p in prompts if p.slots):
                 decisions = trace_decisions(row.trace, prompt)
                 if decisions is not None:
@@ -102,8 +105,6 @@ def best_programs(dataset: Any, sketches: Sketches, pairs: Sequence[tuple[Any, s
                     if len(chosen) < top:
                         chosen.append((prompt, decisions, row.latency / measured[0].latency))
                     break
-            if not per_sketch and len(kept[0]) >= top:
-                break
         out += [program for programs in kept.values() for program in programs]
     return out
 
