@@ -317,6 +317,8 @@ def test_the_ranking_term_orders_pairs_within_a_group_only():
     alone.backward()
     assert float(alone) == 0.0 and z.grad is not None
     names = np.array(["a"] * 40 + ["b"] * 5 + ["c"] * 20)
-    index = group_batch(names, 32, 16, np.random.default_rng(0))
+    members = [np.flatnonzero(names == g) for g in "abc"]
+    index = group_batch(members, 32, 16, np.random.default_rng(0))
     assert len(set(index.tolist())) == len(index) and len(set(names[index])) == 2
     assert all((names[index] == g).sum() <= 16 for g in "abc")
+    assert len(group_batch(members[:1], 32, 16, np.random.default_rng(0))) == 32  # one group fills the batch

@@ -53,7 +53,7 @@ class CDMPPModel(CostModel):
             online_steps=(online_steps, is_int(online_steps, 0), "an integer >= 0"),
             batch_size=(batch_size, is_int(batch_size, 1), "an integer >= 1"),
             lr=(lr, is_number(lr, 1e-9), "a positive number"),
-            rank_weight=(rank_weight, is_number(rank_weight, 0), "a number >= 0"),
+            rank_weight=(rank_weight, is_number(rank_weight, 0, 100), "a number between 0 and 100"),
             threads=(threads, threads is None or is_int(threads, 1), "an integer >= 1"),
         )
         from tunecore.targets import physical_cores

@@ -174,14 +174,16 @@ def rank_loss(z: torch.Tensor, target: torch.Tensor, groups: torch.Tensor) -> to
     return nn.functional.softplus(z[:, None] - z[None, :])[pairs].mean()
 
 
-def group_batch(groups: np.ndarray, batch_size: int, per_group: int, rng: np.random.Generator) -> np.ndarray:
-    """Indices of up to ``per_group`` programs of each of ``batch_size // per_group`` groups (drawn in proportion
-    to their sizes; every group if there are fewer)."""
-    names, inverse, sizes = np.unique(groups, return_inverse=True, return_counts=True)
-    count = min(len(names), max(1, batch_size // per_group))
-    chosen = rng.choice(len(names), size=count, replace=False, p=sizes / sizes.sum())
-    return np.concatenate([rng.choice(np.flatnonzero(inverse == g), size=min(per_group, sizes[g]), replace=False)
-                           for g in chosen])
+def group_batch(members: Sequence[np.ndarray], batch_size: int, per_group: int,
+                rng: np.random.Generator) -> np.ndarray:
+    """Indices of about ``batch_size`` programs: up to ``per_group`` of each of ``batch_size // per_group`` groups
+    (``members``: each group's indices; drawn in proportion to their sizes), more of each when there are fewer
+    groups."""
+    sizes = np.array([len(m) for m in members], dtype=float)
+    count = min(len(members), max(1, batch_size // per_group))
+    take = max(per_group, batch_size // count)
+    chosen = rng.choice(len(members), size=count, replace=False, p=sizes / sizes.sum())
+    return np.concatenate([rng.choice(members[g], size=min(take, len(members[g])), replace=False) for g in chosen])
 
 
 class Predictor:
@@ -238,7 +240,10 @@ class Predictor:
         device_tensor = torch.from_numpy(np.asarray(devices, dtype=np.float32))
         p = None if sample_weights is None else sample_weights / sample_weights.sum()
         ranking = rank_weight > 0 and groups is not None
-        group_tensor = torch.from_numpy(np.unique(groups, return_inverse=True)[1]) if ranking else None
+        if ranking:
+            inverse = np.unique(groups, return_inverse=True)[1]
+            group_tensor = torch.from_numpy(inverse)
+            members = [np.flatnonzero(inverse == g) for g in range(inverse.max() + 1)]
         if adapter is None:
             parameters = [p for name, p in self.net.named_parameters() if not name.startswith("adapters.")]
         else:
@@ -251,7 +256,7 @@ class Predictor:
         loss_value = math.nan
         for step in range(steps):
             if ranking and p is None:
-                index = group_batch(groups, batch_size, per_group, rng)
+                index = group_batch(members, batch_size, per_group, rng)
             else:
                 index = rng.choice(len(programs), size=min(batch_size, len(programs)), replace=p is not None, p=p)
             if adapter is None:
