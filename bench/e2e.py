@@ -285,7 +285,7 @@ def markdown(report: dict) -> str:
     lines = [f"# End to end: {', '.join(report['networks'])}", "",
              f"CPU: {env['cpu']}, {report['threads']} threads for every variant; TVM {env['versions']['apache-tvm']}, "
              + ", ".join(f"{k} {v}" for k, v in report["versions"].items()) + f". Command: `{report['command']}`.", "",
-             f"Each network tuned for **{budget}** of wall time by each tuner, on the ONNX export: tunecore "
+             f"Each network tuned on the ONNX export for **{budget}** of wall time by tunecore "
              f"`--search {report['search']} --cost-model {report['cost_model']} "
              f"--time-budget {report['time_budget_s']:g}`"
              + (f" `--trials {report['trials']}`" if report["trials"] else "")

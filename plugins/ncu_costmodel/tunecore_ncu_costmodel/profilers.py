@@ -242,7 +242,8 @@ def profile_batch(directory: str, *, limit: int | None = None, chunk: int = 200,
                    ",".join(ncu_csv.STUDY_METRICS), sys.executable, "-m", "tunecore.measure.batch", directory,
                    "--call-once", ids_file]
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-        # ncu's own output, kept for a re-reading; named by the chunk's first program, which no other call's chunk has
+        # ncu's own output, kept for a re-reading; named by the chunk's first program (a chunk of other programs has
+        # another name; only the same chunk profiled again, its launches unmatched before, replaces its file)
         with open(os.path.join(directory, f"ncu-{ids[0]}.csv"), "w") as f:
             f.write(done.stdout)
         with open(os.path.join(directory, "calls.json")) as f:
