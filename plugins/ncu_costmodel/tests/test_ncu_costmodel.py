@@ -255,13 +255,22 @@ def test_cpu_profile_of_a_real_kernel_is_deterministic_and_plausible(built):
     assert first["mca.loop_cycles"] > 0 and first["mca.ipc"] > 0
 
 
-def test_the_simulated_caches_are_the_devices_and_smaller_ones_miss_more(built):
+def test_the_simulated_caches_are_the_devices_and_smaller_ones_miss_more(built, monkeypatch):
     """A profile for another machine's device simulates that device's L1/L2 sizes (counts are simulated, so
     they are what its own machine gives); a cache too small for the 48 KiB working set misses more."""
+    import tunecore.targets
+
     task, path = built
     cores, mcpu = cpu.target_facts(task.target_json)
-    assert cpu.cache_geometry(32768, 524288)["L2"][0] == 524288
-    assert cpu.cache_geometry(49152, 1310720)["L1"][0] == 32768  # 96 sets of 8 x 64 B: rounded to 64 sets
+    with monkeypatch.context() as patch:  # the ways are this machine's: an 8-way one, then a 12-way L1 (Zen 5)
+        patch.setattr(tunecore.targets, "data_caches", lambda: {1: (32768, 8, 64), 2: (524288, 8, 64)})
+        cpu.cache_geometry.cache_clear()
+        assert cpu.cache_geometry(32768, 524288)["L2"][0] == 524288
+        assert cpu.cache_geometry(49152, 1310720)["L1"][0] == 32768  # 96 sets of 8 x 64 B: rounded to 64 sets
+        patch.setattr(tunecore.targets, "data_caches", lambda: {1: (49152, 12, 64), 2: (1048576, 16, 64)})
+        cpu.cache_geometry.cache_clear()
+        assert cpu.cache_geometry(49152, 1310720)["L1"] == (49152, 12, 64)  # 64 sets of 12 x 64 B
+    cpu.cache_geometry.cache_clear()  # this machine's again
     small = cpu.profile_library(path, task.args, threads=cores, mcpu=mcpu, caches=cpu.cache_geometry(4096, 16384))
     large = cpu.profile_library(path, task.args, threads=cores, mcpu=mcpu, caches=cpu.cache_geometry(65536, 1 << 20))
     assert small["cpu.instructions"] == large["cpu.instructions"]
