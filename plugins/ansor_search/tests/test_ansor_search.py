@@ -197,8 +197,10 @@ def test_xgb_learns_the_order_of_a_task(matmul_task):
 
 def test_ansor_with_xgb_beats_random_search_on_a_synthetic_latency_landscape():
     """On a synthetic latency landscape that follows the tiling (``tiled_latency``, not timings: no noise, so
-    the check is exact and repeatable), 64 trials of a 256^3 matmul, seeds 0-2: ansor+xgb's best is never worse
-    than random search's, and the median over seeds at most 0.8x (measured: 0.46 / 0.20 / 0.22). What it
+    the check is exact and repeatable), 64 trials of a 256^3 matmul, seeds 0-9: ansor+xgb's best over random
+    search's is at most 0.8x in the geometric mean and the median over seeds. Not on every seed: the seeds
+    derive from the task, whose key holds the host's mcpu, and one seed in ten or so loses (measured, ratio per
+    seed: znver4 0.15-2.73, geometric mean 0.49; znver5 0.37-1.67, 0.71; x86-64-v3 0.21-0.89, 0.46). What it
     checks is that the guided search uses what its model learned.
 
     Whether it holds for real timings on a machine is a benchmark's question, not a test's:
@@ -208,7 +210,7 @@ def test_ansor_with_xgb_beats_random_search_on_a_synthetic_latency_landscape():
     task = tiny_task("matmul-256")
     registry = Registry()
     ratios = []
-    for seed in range(3):
+    for seed in range(10):
         best = {}
         for search, cost_model, search_options, model_options in (
             ("random", "none", {}, {}),
@@ -223,7 +225,7 @@ def test_ansor_with_xgb_beats_random_search_on_a_synthetic_latency_landscape():
             best[search] = store.best(task.task_id)[0].latency
         ratios.append(best["ansor"] / best["random"])
     print("ansor / random best per seed:", [round(r, 3) for r in ratios])
-    assert max(ratios) <= 1.0 and float(np.median(ratios)) <= 0.8
+    assert float(np.exp(np.mean(np.log(ratios)))) <= 0.8 and float(np.median(ratios)) <= 0.8
 
 
 # The role contracts, as a third-party author would check them (settings: reproducible from the seed, quick).
