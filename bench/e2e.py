@@ -2,7 +2,7 @@
 MetaSchedule for the same time.
 
 One definition per network: ResNet-18 / MobileNetV2 in plain torch (bench/torch_nets.py), transformers'
-BERT-base (sequence length 128), or a CNN of the model corpus (tunecore/testing/corpus.py: ResNeXt's grouped
+BERT-base (sequence length 128), or a CNN of the model corpus (tunecore/workloads/corpus.py: ResNeXt's grouped
 convs, ConvNeXt's depthwise 7x7 convs and layer norms), with seeded random weights, exported to ONNX. PyTorch
 runs the module (eager, and `torch.compile` where it works here); onnxruntime and TVM run the ONNX
 file. tunecore tunes it with `tunecore run --model NET.onnx --time-budget T` and MetaSchedule with its own
@@ -37,7 +37,7 @@ from tunecore.cli.args import duration
 from tunecore.experiments import command_line, environment, write_results
 
 NETWORKS = ("resnet-18", "mobilenet-v2", "bert-base", "resnext", "convnext")
-CORPUS_CNNS = ("resnext", "convnext")  # tunecore.testing.corpus
+CORPUS_CNNS = ("resnext", "convnext")  # tunecore.workloads.corpus
 
 
 def network(name: str) -> tuple[Any, np.ndarray]:
@@ -64,7 +64,7 @@ def network(name: str) -> tuple[Any, np.ndarray]:
 
         return Bert().eval(), rng.integers(0, 30522, (1, 128)).astype("int64")
     if name in CORPUS_CNNS:
-        from tunecore.testing.corpus import factory
+        from tunecore.workloads.corpus import factory
 
         module, (image,) = factory(name)
         return module, image.numpy()
@@ -72,7 +72,7 @@ def network(name: str) -> tuple[Any, np.ndarray]:
 
 
 def export_onnx(model: Any, example: Any, path: str) -> None:
-    from tunecore.testing.corpus import export_onnx as export
+    from tunecore.workloads.corpus import export_onnx as export
 
     if not os.path.exists(path):
         export(model, (example,), ("input",), (), path)

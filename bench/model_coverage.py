@@ -1,4 +1,4 @@
-"""Model coverage: every model of the corpus (tunecore/testing/corpus.py) through the commands a user runs.
+"""Model coverage: every model of the corpus (tunecore/workloads/corpus.py) through the commands a user runs.
 
 Per model, each step a `tunecore` process of its own, as a user would type it:
 
@@ -30,7 +30,7 @@ from tunecore.experiments import command_line, environment, write_results
 
 
 def main() -> None:
-    from tunecore.testing import corpus
+    from tunecore.workloads import corpus
 
     parser = experiments.script_parser(__doc__, __file__)
     parser.add_argument("--models", default=",".join(m.name for m in corpus.CORPUS))
@@ -49,7 +49,7 @@ def main() -> None:
 
 
 def cover(name: str, trials: int, work: str) -> dict:
-    from tunecore.testing import corpus
+    from tunecore.workloads import corpus
 
     model = corpus.BY_NAME[name]
     row: dict = {"form": model.form, "why_torch": model.why_torch or None}
@@ -93,7 +93,7 @@ def cover(name: str, trials: int, work: str) -> dict:
 
 def framework_latency(name: str, spec: str, threads: int) -> tuple[str, float]:
     """Median ms of onnxruntime on the ONNX file, or of the torch module for a factory, at ``threads``."""
-    from tunecore.testing import corpus
+    from tunecore.workloads import corpus
 
     module, inputs = corpus.factory(name)
     if spec.endswith(".onnx"):

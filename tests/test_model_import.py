@@ -1,5 +1,5 @@
 """Real models in: ONNX files whose shapes are computed in the graph, --input-shape, PyTorch factories, and the
-corpus of real architectures (tunecore/testing/corpus.py; the whole corpus tuned and compiled is `-m slow`)."""
+corpus of real architectures (tunecore/workloads/corpus.py; the whole corpus tuned and compiled is `-m slow`)."""
 
 import os
 import textwrap
@@ -7,6 +7,7 @@ import textwrap
 import numpy as np
 import pytest
 
+from tunecore.errors import UsageError
 from tunecore.testing.cli import assert_one_line_exit_2, run_cli
 from tunecore.testing.cli import cli_json as _json
 
@@ -70,7 +71,7 @@ def _exported_shuffle_unit(path):
             keep, work = self.shuffle(self.stem(x)).chunk(2, dim=1)
             return self.shuffle(torch.cat((keep, self.branch(work).relu()), dim=1))
 
-    from tunecore.testing.corpus import export_onnx
+    from tunecore.workloads.corpus import export_onnx
 
     torch.manual_seed(0)
     export_onnx(Unit().eval(), (torch.randn(1, 8, 6, 6),), ("x",), ({0: "batch"},), str(path))
@@ -226,21 +227,33 @@ def test_the_core_does_not_import_torch():
 def _corpus():
     pytest.importorskip("transformers")
     pytest.importorskip("onnxruntime")
-    from tunecore.testing import corpus
+    from tunecore.workloads import corpus
 
     return corpus
 
 
 @pytest.mark.parametrize("name", ["shufflenet-v2", "gpt2"])
-def test_corpus_models_that_need_folding_or_a_factory_import(name, tmp_path, target):
+def test_corpus_models_that_need_folding_or_a_factory_import(name, tmp_path, target, monkeypatch):
     """Fast subset: shufflenet-v2's shuffles and flatten fail in TVM's frontend without folding; GPT-2 cannot
-    be exported by torch's TorchScript exporter and comes in as a PyTorch factory."""
-    corpus = _corpus()
-    from tunecore.workloads import extract_tasks, load_workload, parse_input_shapes
+    be exported by torch's TorchScript exporter and comes in as a PyTorch factory. Both by their ``corpus:``
+    name, which is what a dataset's tasks record, whatever the machine."""
+    _corpus()
+    from tunecore.workloads import extract_tasks, load_workload
 
-    spec, shapes = corpus.model_spec(name, str(tmp_path))
-    tasks = extract_tasks(load_workload(spec, parse_input_shapes(shapes)), target)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    workload = load_workload(f"corpus:{name}")
+    assert workload.name == f"corpus:{name}" and workload.reference is not None
+    tasks = extract_tasks(workload, target)
     assert len(tasks) > 10 and sum(t.flops * t.weight for t in tasks) > 1e8
+    assert {t.model for t in tasks} == {f"corpus:{name}"}
+
+
+def test_an_unknown_corpus_model_is_one_line():
+    _corpus()
+    from tunecore.workloads import load_workload
+
+    with pytest.raises(UsageError, match="unknown corpus model 'resnet-9'; known: bert, "):
+        load_workload("corpus:resnet-9")
 
 
 @pytest.mark.slow

@@ -32,7 +32,7 @@ def _v2_counts():
 
     from tunecore.dataset.protocol import is_clean
     from tunecore.targets import host_target
-    from tunecore.workloads import extract_tasks, load_workload
+    from tunecore.workloads import extract_tasks, has_kernel, load_workload
 
     dataset = Dataset.load(V2)
     clean_rows = [r for r in dataset.rows if is_clean(r)]
@@ -45,7 +45,7 @@ def _v2_counts():
     # a file holds only the tasks it has rows of: the held-out networks' tasks are extracted here
     held = {task.workload_hash for model in HELD_OUT for task in extract_tasks(load_workload(model), host_target())}
     heavy = {key for key, task in dataset.tasks.items() if key not in held
-             and any(kind in task.kernel_class for kind in ("conv", "dense", "matmul"))}
+             and has_kernel(task.kernel_class, ("conv", "dense", "matmul"))}
     exhausted = set().union(*dataset.exhausted.values())
     cpus = collections.Counter()
     for row in clean_rows:

@@ -1,7 +1,7 @@
 import pytest
 
 from tunecore.errors import UsageError
-from tunecore.workloads import extract_tasks, kernel_class_of, load_workload
+from tunecore.workloads import extract_tasks, has_kernel, kernel_class_of, load_workload
 from tunecore.workloads.ops import op_names
 from tunecore.workloads.zoo import ZOO_NAMES
 
@@ -47,6 +47,14 @@ def test_kernel_class_strips_uniquifying_suffixes(target):
     assert kernel_class_of(mod, "fused_conv2d1_add1_add2_relu1") == "conv2d_add_add_relu@4d"
     assert kernel_class_of(mod, "fused_conv3d_add_relu") == "conv3d_add_relu@4d"
     assert kernel_class_of(mod, "fused_matmul3_add4_gelu") == "matmul_add_gelu@4d"
+
+
+def test_kernels_are_chosen_by_operator_name_in_any_case(target):
+    """``--kernels conv`` takes a single operator whose class comes from its compute blocks (Conv2dOutput)."""
+    (task,) = extract_tasks(load_workload("op:cbr-0"), target)
+    assert task.kernel_class.startswith("Conv2dOutput")
+    assert has_kernel(task.kernel_class, ["conv"]) and has_kernel("matmul_add@3d", ["dense", "MatMul"])
+    assert not has_kernel(task.kernel_class, ["dense", "matmul"])
 
 
 @pytest.mark.parametrize("spec", ["zoo:nosuch", "op:nosuch", "op:matmul-0", "nofile.onnx"])

@@ -34,13 +34,14 @@ from tunecore.roles import (
 from tunecore.space import DesignSpace
 from tunecore.tuner import derive_seed
 from tunecore.tvmjson import new_schedule, replay_trace_json, target_from_json, to_plain
+from tunecore.workloads import has_kernel
 
 __all__ = [
     "Artifact", "Builder", "Candidate", "Component", "CostModel", "DesignSpace", "LocalBuilder", "MeasureResult",
     "Measurer", "MeasurerUnavailable", "N_DEVICE_FEATURES", "N_FEATURES", "OutputCheck", "PACK", "PerStoreFeatures",
     "Profiler", "Progress", "ROLES", "ROLE_LABELS", "Record", "RecordStore", "Runner", "SearchPolicy", "Task",
     "TaskContext", "UsageError", "build_library", "check_options", "checked_arguments", "compare_outputs",
-    "derive_seed", "device_features", "distinct", "error_line", "is_int", "is_number", "load_model_json",
+    "derive_seed", "device_features", "distinct", "error_line", "has_kernel", "is_int", "is_number", "load_model_json",
     "load_model_torch", "new_schedule", "program_row", "replay_trace_json", "save_model_json", "save_model_torch",
     "target_from_json", "task_inputs", "to_plain",
 ]

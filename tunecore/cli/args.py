@@ -11,8 +11,8 @@ def add_common(p: argparse.ArgumentParser, *, model: bool = True, target: bool =
                json_flag: bool = True) -> None:
     if model:
         p.add_argument("--model", "-m", required=True,
-                       help="zoo:<name> | op:<name> | path to .onnx | file.py:factory (a PyTorch module) | "
-                            "path to a Relax module .json")
+                       help="zoo:<name> | op:<name> | corpus:<name> (needs the models extra) | path to .onnx | "
+                            "file.py:factory (a PyTorch module) | path to a Relax module .json")
         p.add_argument("--input-shape", action="append", metavar="NAME=DIMS", dest="input_shape",
                        help="shape of an ONNX or PyTorch model's input, e.g. input_ids=1x128 (repeatable); "
                             "symbolic batch dimensions default to 1")

@@ -29,6 +29,7 @@ from tunecore.dataset.protocol import CollectionRun, LabelMeasurer
 from tunecore.dataset.table import Dataset, Measurement, describe_device
 from tunecore.errors import UsageError
 from tunecore.progress import Progress
+from tunecore.workloads import has_kernel
 
 RANDOM = "random"
 
@@ -53,7 +54,7 @@ class CollectPlan:
 
     def wants(self, task: Any) -> bool:
         return task.workload_hash not in self.skip and (
-            not self.kernels or any(kind in task.kernel_class for kind in self.kernels))
+            not self.kernels or has_kernel(task.kernel_class, self.kernels))
 
 
 class _Stop(Exception):

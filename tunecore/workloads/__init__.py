@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from tunecore.data import Task, task_id_for
 from tunecore.errors import UsageError
@@ -19,7 +19,8 @@ from tunecore.errors import UsageError
 
 @dataclasses.dataclass
 class Workload:
-    # normalised spec: "zoo:resnet-18", "op:matmul-512", "onnx:/abs/m.onnx", "torch:/abs/m.py:f", "relax:/abs/m.json"
+    # normalised spec: "zoo:resnet-18", "op:matmul-512", "corpus:resnext", "onnx:/abs/m.onnx", "torch:/abs/m.py:f",
+    # "relax:/abs/m.json"
     name: str
     mod: Any  # Relax IRModule (network) or IRModule with the PrimFunc "main" (single operator)
     is_network: bool
@@ -49,6 +50,8 @@ def load_workload(spec: str, input_shapes: dict[str, tuple[int, ...]] | None = N
 
 
 def _load(spec: str, input_shapes: dict[str, tuple[int, ...]] | None) -> Workload:
+    if spec.startswith("corpus:"):
+        return _load_corpus(spec, input_shapes)
     torch_spec = re.fullmatch(r"(?:torch:)?(.+\.py)(?::(\w+))?", spec)
     if input_shapes and not (torch_spec or spec.startswith("onnx:") or spec.endswith(".onnx")):
         raise UsageError(f"--input-shape: {spec} has fixed shapes; it applies to ONNX files and PyTorch modules")
@@ -76,7 +79,7 @@ def _load(spec: str, input_shapes: dict[str, tuple[int, ...]] | None) -> Workloa
         return Workload(spec, build_op(spec[3:]), False)
     path = spec.split(":", 1)[1] if spec.startswith(("onnx:", "relax:")) else spec
     if not os.path.exists(path):
-        raise UsageError(f"--model {spec}: no such file, and not a zoo:<name> or op:<name> workload")
+        raise UsageError(f"--model {spec}: no such file, and not a zoo:<name>, op:<name> or corpus:<name> workload")
     path = os.path.abspath(path)
     if spec.startswith("relax:") or path.endswith(".json"):
         return Workload(f"relax:{path}", _load_relax_json(path), True)
@@ -85,6 +88,27 @@ def _load(spec: str, input_shapes: dict[str, tuple[int, ...]] | None) -> Workloa
     reference = onnxruntime_reference(path)
     return Workload(f"onnx:{path}", load_onnx(path, input_shapes), True, reference,
                     "onnxruntime" if reference else "")
+
+
+def _load_corpus(spec: str, input_shapes: dict[str, tuple[int, ...]] | None) -> Workload:
+    """A network of the model corpus (tunecore/workloads/corpus.py) by name, handed over as its users would: the
+    ONNX file it exports (written once into the user's cache directory) or its PyTorch factory."""
+    import importlib.util
+
+    if not all(importlib.util.find_spec(m) for m in ("torch", "transformers", "onnxruntime")):
+        raise UsageError(f"--model {spec}: the model corpus needs torch, transformers and onnxruntime "
+                         "(pip install 'tunecore[models]')")
+    from tunecore.workloads import corpus
+
+    name = spec.split(":", 1)[1]
+    if name not in corpus.BY_NAME:
+        raise UsageError(f"unknown corpus model '{name}'; known: {', '.join(corpus.BY_NAME)}")
+    directory = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tunecore", "corpus")
+    os.makedirs(directory, exist_ok=True)
+    path, shapes = corpus.model_spec(name, directory)
+    workload = _load(path, {**parse_input_shapes(shapes), **(input_shapes or {})})
+    workload.name = spec  # the same name on every machine (a dataset's tasks name their networks)
+    return workload
 
 
 def parse_input_shapes(values: list[str] | None) -> dict[str, tuple[int, ...]]:
@@ -284,6 +308,12 @@ def kernel_class_of(mod: Any, fused_name: str | None = None) -> str:
     else:
         ops = "_".join(_compute_block_names(mod)) or "unknown"
     return f"{ops}@{rank}d"
+
+
+def has_kernel(kernel_class: str, kinds: Sequence[str]) -> bool:
+    """Whether a kernel class names one of these operators (``--kernels conv,dense``), in any case: a single
+    operator's class comes from its compute blocks' names, e.g. "Conv2dOutput_bias_add@4d"."""
+    return any(kind.lower() in kernel_class.lower() for kind in kinds)
 
 
 def _strip_suffix(op: str) -> str:

@@ -31,7 +31,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from tunecore.dataset import CollectPlan, Dataset, collect
-from tunecore.interfaces import Progress, UsageError
+from tunecore.interfaces import Progress, UsageError, has_kernel
 from tunecore_tlm_generator import model as lm
 from tunecore_tlm_generator.search import SHIPPED_BASE
 from tunecore_tlm_generator.training import (
@@ -160,7 +160,7 @@ def _settings(plan: LoopPlan, base: str, models: list[str]) -> dict[str, Any]:
 
 def _wanted(pairs: list, kernels: Sequence[str]) -> list:
     return [(task, target) for task, target in pairs
-            if not kernels or any(kind in task.kernel_class for kind in kernels)]
+            if not kernels or has_kernel(task.kernel_class, kernels)]
 
 
 def _held_out_programs(datasets: Sequence[Any], plan: LoopPlan, sketches: Any) -> list:

@@ -193,7 +193,7 @@ def factory(name: str) -> tuple[Any, tuple]:
     return BY_NAME[name].build()
 
 
-def gpt2() -> tuple[Any, tuple]:  # --model tunecore/testing/corpus.py:gpt2
+def gpt2() -> tuple[Any, tuple]:  # --model tunecore/workloads/corpus.py:gpt2
     return factory("gpt2")
 
 
