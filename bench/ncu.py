@@ -11,7 +11,8 @@ needs their metrics):
 - (a) the study: `ncu` with `oracle` (the measured callgrind + llvm-mca metrics of the very programs it
   ranks are its features) vs `xgb` on MetaSchedule's static per-store features;
 - (b) the two-stage `ncu` (metrics predicted from static features, latency from predicted metrics), and
-  with `static=true` (stage B also sees the static features), vs `xgb`;
+  with `static=true` (stage B also sees the static features), and that with `objective=rank` (stage B orders
+  each task's programs instead of predicting their latency), vs `xgb`;
 
 each twice: trained on the profiled training rows only (everyone sees the same programs), and on every
 measured training row (stage A still learns only from profiled ones; how the model would be used). Also
@@ -37,6 +38,7 @@ MODELS = {  # label -> (registered name, options)
     "ncu oracle (measured metrics)": ("ncu", {"oracle": None}),  # the dataset path is filled in
     "ncu two-stage": ("ncu", {}),
     "ncu two-stage + static": ("ncu", {"static": True}),
+    "ncu two-stage + static, ranking stage B": ("ncu", {"static": True, "objective": "rank"}),
 }
 
 

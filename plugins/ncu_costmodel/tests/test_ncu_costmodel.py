@@ -409,6 +409,37 @@ def test_two_stages_learn_metrics_and_latency_from_profiled_programs():
     assert np.corrcoef(np.log(predicted), np.log(truth))[0, 1] > 0.3
 
 
+def test_stage_b_can_rank_within_tasks_instead_of_predicting_seconds(tmp_path):
+    """objective=rank: stage B orders each task's programs (pairwise ranking); it gives no seconds, and keeps its
+    objective in its file."""
+    from scipy import stats
+
+    from tunecore.testing.helpers import tiled_latency
+
+    tasks = [tiny_task("matmul-64"), tiny_task("matmul-128")]
+    model = NcuModel(min_profiles=8, objective="rank")
+    assert not model.predicts_latency and NcuModel().predicts_latency
+    held = []
+    for seed, task in enumerate(tasks):
+        programs = sample_candidates(task, 160, seed=seed)
+        results = [MeasureResult(run_secs=[tiled_latency(c)], profile={
+            "cpu.instructions": 1e6 * tiled_latency(c) / 1e-5, "cpu.profile_secs": 1.0} if i % 4 else {})
+            for i, c in enumerate(programs)]
+        model.update(task, programs[:120], results[:120])
+        held.append((task, programs[120:]))
+    for task, unseen in held:
+        truth = np.array([tiled_latency(c) for c in unseen])
+        assert stats.spearmanr(model.predict(task, unseen), -truth).statistic > 0.3
+    with pytest.raises(NotImplementedError):
+        model.predict_latency(*held[0])
+    path = str(tmp_path / "ncu.json")
+    model.save(path)
+    loaded = NcuModel()
+    loaded.load(path)
+    assert loaded.objective == "rank" and not loaded.predicts_latency
+    np.testing.assert_allclose(loaded.predict(*held[0]), model.predict(*held[0]))
+
+
 def test_oracle_reads_the_metrics_of_the_programs_it_ranks(tmp_path):
     task = tiny_task("matmul-64")
     programs = sample_candidates(task, 40, seed=6)
@@ -453,4 +484,6 @@ def test_ncu_model_options_are_checked():
 
     with pytest.raises((UsageError, ValueError, TypeError)):
         NcuModel(folds=1)
+    with pytest.raises(TypeError, match="objective must be latency or rank"):
+        NcuModel(objective="mape")
     assert json.loads(json.dumps(NcuModel().profilers(tiny_task().target))) == ["cpu"]

@@ -11,6 +11,10 @@ metrics: an oracle, since a search scores thousands of candidates it cannot prof
   the device's attributes. It is trained on stage A's *out-of-fold* predictions (folds by task), so it learns
   how far it can trust them on programs stage A has not seen, which is all it will be asked about.
 
+``objective=rank`` trains stage B to order the programs of each task on a device (XGBoost's pairwise ranking,
+one group per task and device) instead of to predict their log latency: a search only needs the order within a
+task, and a regression spends its capacity on each task's level. The model then ranks but predicts no seconds.
+
 Metrics that measure or divide by time (durations, rates, cycles, %-of-peak) are never features: they would
 leak the label. Until ``min_profiles`` programs carry profiles, stage B learns from the static features alone.
 
@@ -81,7 +85,8 @@ class NcuModel(CostModel):
 
     def __init__(self, *, rounds: int = 150, stage_a_rounds: int = 60, max_depth: int = 6, eta: float = 0.1,
                  folds: int = 4, min_profiles: int = 16, min_data: int = 16, static: bool = False,
-                 oracle: str | None = None, threads: int | None = None, **kwargs: Any):
+                 oracle: str | None = None, objective: str = "latency", threads: int | None = None,
+                 **kwargs: Any):
         super().__init__(**kwargs)
         check_options(
             rounds=(rounds, is_int(rounds, 1), "an integer >= 1"),
@@ -93,6 +98,7 @@ class NcuModel(CostModel):
             min_data=(min_data, is_int(min_data, 1), "an integer >= 1"),
             static=(static, isinstance(static, bool), "true or false"),
             oracle=(oracle, oracle is None or isinstance(oracle, str), "a dataset file"),
+            objective=(objective, objective in ("latency", "rank"), "latency or rank"),
             threads=(threads, threads is None or is_int(threads, 1), "an integer >= 1"),
         )
         from tunecore.targets import physical_cores
@@ -100,7 +106,8 @@ class NcuModel(CostModel):
         self.threads = threads or physical_cores()
         self.stage_a_rounds = stage_a_rounds
         self.rounds, self.folds, self.min_profiles, self.min_data = rounds, folds, min_profiles, min_data
-        self.static = static
+        self.static, self.objective = static, objective
+        self.predicts_latency = objective == "latency"  # a ranker's outputs are no seconds
         # 64 histogram bins, not 256: 5x faster on a few hundred programs (stage A refits as profiles arrive)
         self.params = {"max_depth": max_depth, "eta": eta, "subsample": 0.9, "max_bin": 64, "nthread": self.threads,
                        "seed": self.seed, "verbosity": 0, "objective": "reg:squarederror"}
@@ -179,8 +186,15 @@ class NcuModel(CostModel):
         else:
             predicted = self._stage_a_predictions(keys, _stage_a_inputs(static, log_flops, devices), profiled)
             inputs = self._stage_b_inputs(predicted, static, log_flops, devices)
-        dtrain = xgb.DMatrix(inputs[measured], label=np.log(latency[measured]))
-        self.stage_b = xgb.train(self.params, dtrain, num_boost_round=self.rounds)
+        if self.objective == "rank":
+            groups = _groups([(k[0], devices[i].tobytes()) for i, k in enumerate(keys)])
+            order = np.flatnonzero(measured)[np.argsort(groups[measured], kind="stable")]
+            dtrain = xgb.DMatrix(inputs[order], label=-np.log(latency[order]), qid=groups[order])
+            self.stage_b = xgb.train({**self.params, "objective": "rank:pairwise"}, dtrain,
+                                     num_boost_round=self.rounds)
+        else:
+            dtrain = xgb.DMatrix(inputs[measured], label=np.log(latency[measured]))
+            self.stage_b = xgb.train(self.params, dtrain, num_boost_round=self.rounds)
 
     def metric_matrix(self, entries: Sequence[tuple[dict | None, float]]) -> np.ndarray:
         """Per (metrics, log FLOPs), each metric as a feature (``_per_flop``); NaN where unknown."""
@@ -271,17 +285,23 @@ class NcuModel(CostModel):
     # predicting
 
     def predict_latency(self, task: Task, candidates: Sequence[Candidate]) -> np.ndarray:
-        import xgboost as xgb
-
-        if not candidates:
-            return np.zeros(0)
+        if not self.predicts_latency:
+            return super().predict_latency(task, candidates)
         if self.stage_b is None:
             return np.full(len(candidates), np.nan)
+        output, known = self._stage_b_output(task, candidates)
+        return np.where(known, np.exp(output), _UNKNOWN_SECS)  # a program it cannot describe: slowest
+
+    def _stage_b_output(self, task: Task, candidates: Sequence[Candidate]) -> tuple[np.ndarray, np.ndarray]:
+        """Stage B's output per candidate (log seconds, or a ranking score), and whether the model could describe
+        the candidate at all (static features; for the oracle, measured metrics)."""
+        import xgboost as xgb
+
+        output, known = np.zeros(len(candidates)), np.zeros(len(candidates), dtype=bool)
         static_rows = self._static(task, candidates)
         valid = [i for i, r in enumerate(static_rows) if r is not None]
-        out = np.full(len(candidates), _UNKNOWN_SECS)  # a program without features is predicted slowest
         if not valid:
-            return out
+            return output, known
         static = np.stack([static_rows[i] for i in valid])
         log_flops = np.full(len(valid), math.log(max(task.flops, 1.0)), dtype=np.float32)
         devices = np.repeat(device_row(self.device)[None, :], len(valid), axis=0)
@@ -294,16 +314,20 @@ class NcuModel(CostModel):
         else:
             metrics = self._stage_a_predict(_stage_a_inputs(static, log_flops, devices))
             inputs = self._stage_b_inputs(metrics, static, log_flops, devices)
-        predicted = np.exp(self.stage_b.predict(xgb.DMatrix(inputs)))
+        output[valid] = self.stage_b.predict(xgb.DMatrix(inputs))
+        known[valid] = True
         if self.oracle is not None and self.stage_b_metrics:
-            predicted[np.isnan(metrics).all(axis=1)] = _UNKNOWN_SECS  # the oracle knows nothing of it
-        out[valid] = predicted
-        return out
+            known[np.array(valid)[np.isnan(metrics).all(axis=1)]] = False  # the oracle knows nothing of it
+        return output, known
 
     def predict(self, task: Task, candidates: Sequence[Candidate]) -> np.ndarray:
+        if not candidates:
+            return np.zeros(0)
         if self.stage_b is None:  # nothing learned yet: a random order
             return self.rng.uniform(size=len(candidates))
-        return -self.predict_latency(task, candidates)
+        output, known = self._stage_b_output(task, candidates)
+        score = output if self.objective == "rank" else -output  # higher = faster
+        return np.where(known, score, -1e9)
 
     # persistence
 
@@ -313,6 +337,7 @@ class NcuModel(CostModel):
 
         save_model_json(path, "ncu", 1, {
             "metric_names": self.metric_names, "stage_b_metrics": self.stage_b_metrics, "static": self.static,
+            "objective": self.objective,
             "stage_a": {k: booster(b) for k, b in self.stage_a.items()}, "stage_b": booster(self.stage_b)})
 
     def load(self, path: str) -> None:
@@ -328,9 +353,17 @@ class NcuModel(CostModel):
             return b
 
         self.metric_names, self.static = saved["metric_names"], saved["static"]
+        self.objective = saved.get("objective", "latency")
+        self.predicts_latency = self.objective == "latency"
         self.stage_b_metrics = saved["stage_b_metrics"]
         self.stage_a = {k: booster(v) for k, v in saved["stage_a"].items()}
         self.stage_b = booster(saved["stage_b"])
+
+
+def _groups(keys: Sequence[Any]) -> np.ndarray:
+    """A group number per key, numbered in order of first appearance."""
+    index: dict[Any, int] = {}
+    return np.array([index.setdefault(k, len(index)) for k in keys], dtype=np.int64)
 
 
 def _stage_a_inputs(static: np.ndarray, log_flops: np.ndarray, devices: np.ndarray) -> np.ndarray:
