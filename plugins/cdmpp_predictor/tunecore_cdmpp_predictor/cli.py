@@ -35,6 +35,8 @@ def add_commands(register: Any) -> None:
     adapt.add_argument("--tasks", type=count(1), default=10, help="tasks to measure (KMeans clusters; default 10)")
     adapt.add_argument("--per-task", type=count(1), default=16, help="programs to measure per task (default 16)")
     adapt.add_argument("--steps", type=count(1), default=300, help="fine-tuning steps (default 300)")
+    adapt.add_argument("--rank-weight", type=number(0, 100), default=None,
+                       help="weight of the ranking term within tasks (default: what the weights were trained with)")
     adapt.add_argument("--measurer", default="local")
     adapt.add_argument("--option", "-O", action="append", metavar="ROLE.KEY=VALUE",
                        help="measurer option, e.g. -O measurer.repeat=5")
@@ -90,7 +92,7 @@ def _adapt(args: argparse.Namespace) -> int:
     from tunecore_cdmpp_predictor.adapt import first_programs_per_task, select_tasks
     from tunecore_cdmpp_predictor.costmodel import CDMPPModel
 
-    model = CDMPPModel(weights=args.weights, seed=args.seed)
+    model = CDMPPModel(weights=args.weights, rank_weight=args.rank_weight, seed=args.seed)
     if not model.predictor.trained:
         raise UsageError(f"--weights {args.weights}: no trained weights to adapt")
     target = resolve_target(args.target)

@@ -43,7 +43,7 @@ class CDMPPModel(CostModel):
     target_kinds = frozenset({"llvm", "cuda"})
 
     def __init__(self, *, weights: str = "shipped", online: bool = True, epochs: int = 30, online_steps: int = 50,
-                 batch_size: int = 256, lr: float = 1e-3, rank_weight: float = 0.0, threads: int | None = None,
+                 batch_size: int = 256, lr: float = 1e-3, rank_weight: float | None = None, threads: int | None = None,
                  **kwargs: Any):
         super().__init__(**kwargs)
         check_options(
@@ -53,17 +53,20 @@ class CDMPPModel(CostModel):
             online_steps=(online_steps, is_int(online_steps, 0), "an integer >= 0"),
             batch_size=(batch_size, is_int(batch_size, 1), "an integer >= 1"),
             lr=(lr, is_number(lr, 1e-9), "a positive number"),
-            rank_weight=(rank_weight, is_number(rank_weight, 0, 100), "a number between 0 and 100"),
+            rank_weight=(rank_weight, rank_weight is None or is_number(rank_weight, 0, 100),
+                         "a number between 0 and 100"),
             threads=(threads, threads is None or is_int(threads, 1), "an integer >= 1"),
         )
         from tunecore.targets import physical_cores
 
         self.weights, self.online = weights, online
         self.epochs, self.online_steps, self.batch_size, self.lr = epochs, online_steps, batch_size, lr
-        self.rank_weight = rank_weight  # the within-task ranking term of the loss (model.rank_loss)
         self.threads = threads or physical_cores()
         self.asts = CompactASTs(self.threads)
         self.predictor = self._initial_predictor()
+        # the within-task ranking term of the loss (model.rank_loss): by default, what the weights were trained with
+        self.rank_weight = rank_weight if rank_weight is not None else \
+            float(self.predictor.trained_on.get("rank_weight") or 0.0)
         # what it learned from: (task id, program key, device id) -> (program, device features, seconds)
         self.pool: dict[tuple[str, str, str], tuple[CompactAST, np.ndarray, float]] = {}
         self._device_vectors: dict[str, np.ndarray | None] = {}
