@@ -3,7 +3,7 @@ CDMPP's own protocol (every 5th program of a task by latency tested; timings wit
 programs) and a cross-device split, through `tunecore costmodel eval`'s own code, each with the per-task
 constant floor and the noise ceiling.
 
-    python bench/costmodel_eval.py [--dataset datasets/cpu-programs.parquet] [--cost-model xgb,none]
+    python bench/costmodel_eval.py [--dataset datasets/cpu-programs-v2.parquet] [--cost-model xgb,none]
                                    [--device-split device:ID] [--group-size 128]
 
 Cross-model trains and tests on the dataset's primary device (the one with the most measurements), so the
@@ -27,11 +27,12 @@ COLUMNS = ("spearman", "pairwise_accuracy", "recall@1", "recall@5", "recall@32",
 
 def main() -> None:
     parser = experiments.script_parser(__doc__, __file__)
-    parser.add_argument("--dataset", default="datasets/cpu-programs.parquet")
+    parser.add_argument("--dataset", default="datasets/cpu-programs-v2.parquet")
     parser.add_argument("--cost-model", default="xgb,none")
     parser.add_argument("--device-split", default=None, help="default: every device but the primary one")
-    parser.add_argument("--group-size", type=int, default=None,
-                        help="rank in groups of exactly this many programs of a task (128 on dataset v2)")
+    parser.add_argument("--group-size", type=int, default=128,
+                        help="rank in groups of exactly this many programs of a task (default 128, as the papers; "
+                             "dataset v1 has too few programs per task: give 64 or 0 for whole tasks)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
@@ -48,7 +49,7 @@ def main() -> None:
         "command": command_line("costmodel_eval.py"),
         "environment": environment(),
         "dataset": dataset_record(args.dataset, info, primary=primary),
-        "results": {name: evaluate(dataset, s, models, seed=args.seed, group_size=args.group_size)
+        "results": {name: evaluate(dataset, s, models, seed=args.seed, group_size=args.group_size or None)
                     for name, s in splits.items()},
     }
     write_results(args.out, "costmodel_eval", report, markdown(report))
