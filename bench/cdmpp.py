@@ -11,6 +11,8 @@ reset first, so the shipped weights do not see the test side:
   on the primary device (the one with the most measurements);
 - CDMPP's protocol, on the primary device: every 5th program of a task by latency tested, programs whose
   timings spread over 1% and tasks with fewer than 48 programs left out (the paper's 14.03% is on this);
+  ranked over whole tasks (its test side holds a fifth of a task's programs), the other splits in groups of
+  ``--group-size``;
 - cross-device: one device held out (default: the one with the fewest measurements), trained on the
   others' measurements of the same programs; without fine-tuning, and with fine-tuning on
   ``finetune-per-task`` measured programs of each of ``finetune-tasks`` tasks of the held-out device,
@@ -110,7 +112,8 @@ def main() -> None:
         "dataset": dataset_record(args.dataset, info, primary=primary, held_out_device=held_out),
         "finetune_tasks": [dataset.tasks[k].name for k in chosen],
         "cdmpp_options": {"rank_weight": args.rank_weight},
-        "results": {name: evaluate(dataset, s, models, seed=args.seed, group_size=args.group_size or None,
+        "results": {name: evaluate(dataset, s, models, seed=args.seed,
+                                   group_size=None if name == "CDMPP's protocol" else args.group_size or None,
                                    options={"cdmpp": {"rank_weight": args.rank_weight}})
                     for name, s in splits.items()},
         "scoring": scoring_time(dataset, primary, args.scoring_task, 2048, args.seed),

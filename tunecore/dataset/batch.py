@@ -28,7 +28,7 @@ def export_batch(directory: str, workloads: list[str], target: Any, per_task: in
     from tunecore.space import DesignSpace
     from tunecore.targets import host_target
     from tunecore.tvmjson import target_to_json
-    from tunecore.workloads import extract_tasks, load_workload
+    from tunecore.workloads import extract_tasks, has_kernel, load_workload
 
     os.makedirs(directory, exist_ok=True)
     host = host_target()
@@ -37,7 +37,7 @@ def export_batch(directory: str, workloads: list[str], target: Any, per_task: in
     programs: list[dict] = []
     try:
         found = [t for spec in workloads for t in extract_tasks(load_workload(spec), target)
-                 if not kernels or any(k in t.kernel_class for k in kernels)]
+                 if not kernels or has_kernel(t.kernel_class, kernels)]
         for n, task in enumerate(found):
             key = task.workload_hash
             if key in tasks:

@@ -1,6 +1,7 @@
 """Workloads (what the user tunes) and their tasks (what the tuner tunes).
 
-``--model`` accepts ``zoo:<name>``, ``op:<name>``, a path to an ``.onnx`` file, a PyTorch factory
+``--model`` accepts ``zoo:<name>``, ``op:<name>``, ``corpus:<name>`` (tunecore.workloads.corpus), a path to an
+``.onnx`` file, a PyTorch factory
 ``file.py:function`` (tunecore.workloads.torch_import), or a path to a Relax IRModule saved with
 ``tvm.ir.save_json`` (``.json``). Networks are legalized and fused exactly as
 ``tunecore compile`` will build them, one task per fused TIR function.
@@ -103,7 +104,11 @@ def _load_corpus(spec: str, input_shapes: dict[str, tuple[int, ...]] | None) -> 
     name = spec.split(":", 1)[1]
     if name not in corpus.BY_NAME:
         raise UsageError(f"unknown corpus model '{name}'; known: {', '.join(corpus.BY_NAME)}")
-    directory = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tunecore", "corpus")
+    import torch
+
+    # per torch version: another exporter may write another graph of the same module
+    directory = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tunecore", "corpus",
+                             f"torch-{torch.__version__}")
     os.makedirs(directory, exist_ok=True)
     path, shapes = corpus.model_spec(name, directory)
     workload = _load(path, {**parse_input_shapes(shapes), **(input_shapes or {})})

@@ -218,7 +218,8 @@ def export_onnx(module: Any, inputs: tuple, names: tuple[str, ...], dynamic: tup
 
     import torch
 
-    partial = path + ".partial"
+    # a file of its own per process: two processes exporting the same model at once each rename a whole file
+    partial = f"{path}.{os.getpid()}.partial"
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         torch.onnx.export(module, inputs, partial, dynamo=False, input_names=list(names), output_names=["output"],

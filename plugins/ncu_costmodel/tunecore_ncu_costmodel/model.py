@@ -326,7 +326,7 @@ class NcuModel(CostModel):
         if self.stage_b is None:  # nothing learned yet: a random order
             return self.rng.uniform(size=len(candidates))
         output, known = self._stage_b_output(task, candidates)
-        score = output if self.objective == "rank" else -output  # higher = faster
+        score = output if self.objective == "rank" else -np.exp(output)  # higher = faster
         return np.where(known, score, -1e9)
 
     # persistence
