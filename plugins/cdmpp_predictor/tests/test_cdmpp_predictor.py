@@ -190,8 +190,9 @@ def test_train_command_reports_held_out_error_and_predict_uses_its_weights(slice
     assert model.predictor.trained and model.predictor.trained_on == trained_on
     # fine-tuning it (online, or adapting it to a device) keeps the loss it was trained with, unless told
     assert model.rank_weight == 0.5 and CDMPPModel(weights=weights, rank_weight=0.0).rank_weight == 0.0
-    model.reset()  # the yardstick trains from nothing: with the default loss, not the forgotten file's
-    assert model.rank_weight == 0.0
+    forgetting = CDMPPModel(weights=weights)
+    forgetting.reset()  # the yardstick trains from nothing: with the default loss, not the forgotten file's
+    assert forgetting.rank_weight == 0.0
 
     # the reported metrics: numbers in their ranges, over the held-out groups of the slice, and what the loaded
     # file's predictions on those programs give
