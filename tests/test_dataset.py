@@ -476,5 +476,9 @@ def test_kill_stops_a_collection_cleanly_with_what_it_measured_saved(tmp_path):
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 130 and "interrupted" in stderr, stderr
-    rows = Dataset.load(str(path)).rows
-    assert 0 < len(rows) < 400
+    dataset = Dataset.load(str(path))
+    assert 0 < len(dataset.rows) < 400
+    # the run is on record (its start anchors date the rows), without the drift it never measured
+    (run,) = dataset.collections
+    assert run["command"] == "collect" and run["interrupted"] and run["drift"] is None
+    assert run["report"]["stopped"] == "interrupted" and 0 < run["report"]["measured"] <= len(dataset.rows)

@@ -192,3 +192,16 @@ def test_fixed_size_groups_are_disjoint_and_leave_out_smaller_groups():
         fixed_size_groups(_groups(10, 3), 11, seed=0)
     with pytest.raises(UsageError, match="expected an integer >= 2"):
         fixed_size_groups(_groups(10), 1, seed=0)
+
+
+def test_a_collection_takes_first_the_tasks_no_other_device_holds():
+    """A run that stops at its time limit on a new device has covered new kernels before it repeats known ones."""
+    from tunecore.dataset.collect import _first_what_no_device_has
+
+    dataset = _dataset(tasks=3, programs=5)  # each task: 7 usable programs on D1 (a failure is a label too)
+    new = dataset.add_device({"cpu": "test", "mcpu": "y", "cores": 1})
+    dataset.add_task(DatasetTask("T9", "task9", "k", 1.0, "{}", [], {"w": 1}))
+    tasks = {key: dataset.tasks[key] for key in ("T0", "T9", "T1", "T2")}
+    assert _first_what_no_device_has(dataset, tasks, new, per_task=7) == ["T9", "T0", "T1", "T2"]
+    assert _first_what_no_device_has(dataset, tasks, new, per_task=8) == ["T0", "T9", "T1", "T2"]  # none held
+    assert _first_what_no_device_has(dataset, tasks, D1, per_task=7) == ["T0", "T9", "T1", "T2"]  # its own

@@ -74,14 +74,21 @@ def test_dataset_v2_takes_every_label_by_the_protocol():
     assert any(c["drift"] for c in dataset.collections)  # a run measured the anchors at its start and its end
 
 
+@pytest.fixture(scope="module")
+def v2_counts():
+    return _v2_counts()
+
+
+def test_dataset_v2_holds_the_programs_and_the_held_out_tasks_the_issue_asks(v2_counts):
+    assert v2_counts["clean_programs"] >= 30_000
+    assert v2_counts["held_out_tasks_128"] == v2_counts["held_out_tasks"] > 0
+
+
 @pytest.mark.xfail(strict=True, reason="dataset v2 is being collected (datasets/README.md says where it stands); "
                                        "remove this mark when the counts hold")
-def test_dataset_v2_holds_what_the_issue_asks():
-    counts = _v2_counts()
-    assert counts["clean_programs"] >= 30_000
-    assert counts["held_out_tasks_128"] == counts["held_out_tasks"] > 0
-    assert counts["heavy_tasks_200"] >= 100
-    assert counts["cpus_5000"] >= 3
+def test_dataset_v2_holds_the_heavy_tasks_and_the_cpu_models_the_issue_asks(v2_counts):
+    assert v2_counts["heavy_tasks_200"] >= 100
+    assert v2_counts["cpus_5000"] >= 3
 
 
 GPU = os.path.join(os.path.dirname(SHIPPED), "gpu-h100.parquet")

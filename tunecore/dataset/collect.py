@@ -112,7 +112,8 @@ def collect(path: str, plan: CollectPlan, *, registry: Any = None,
                                 "collect", _anchor_progress(on_progress, label))
             try:
                 try:
-                    for key, task in tasks.items():
+                    for key in _first_what_no_device_has(dataset, tasks, device_id, plan.per_task):
+                        task = tasks[key]
                         # rounds until the task has its usable programs: a noisy one is replaced by another
                         while needs[key] and key not in exhausted:
                             rows_before = len(dataset.rows_of(key, device_id))
@@ -124,6 +125,10 @@ def collect(path: str, plan: CollectPlan, *, registry: Any = None,
                                 break
                 except _Stop as stop:
                     entry["stopped"] = str(stop)
+                except BaseException:
+                    run.interrupted({**entry, "measured": done["measured"], "failed": done["failed"],
+                                     "stopped": "interrupted"})
+                    raise
                 entry.update(measured=done["measured"], failed=done["failed"])
                 entry.update(run.finish(dict(entry)))
             finally:
@@ -216,6 +221,9 @@ def remeasure(path: str, target_spec: str | None = None, *, per_task: int | None
                     saver.save(at_most_every=60)
             except _Stop as stop:
                 report["stopped"] = str(stop)
+            except BaseException:
+                run.interrupted({**report, **done, "left": total - done["measured"], "stopped": "interrupted"})
+                raise
             report.update(done, left=total - done["measured"])
             report.update(run.finish(dict(report)))
         finally:
@@ -271,6 +279,17 @@ def _collect_task(dataset: Dataset, task: Any, device_id: str, plan: CollectPlan
             if search == RANDOM and stopped and "no new candidates" in stopped:
                 exhausted.append(key)
                 return
+
+
+def _first_what_no_device_has(dataset: Dataset, tasks: dict[str, Any], device_id: str, per_task: int) -> list[str]:
+    """The task keys in order, those another device already holds ``per_task`` usable programs of last: a run
+    that stops at its time limit has then covered new kernels before it repeats known ones on a new device."""
+    others = [d for d in dataset.devices if d != device_id]
+
+    def held_elsewhere(key: str) -> bool:
+        return any(sum(map(protocol.is_usable, dataset.rows_of(key, d))) >= per_task for d in others)
+
+    return sorted(tasks, key=held_elsewhere)
 
 
 class _Counts:

@@ -264,3 +264,9 @@ class CollectionRun:
                           drift=drift(self.entry["anchors_start"], self.entry["anchors_end"]))
         self.dataset.collections.append(self.entry)
         return {"anchors": sum(x is not None for x in self.entry["anchors_end"]), "drift": self.entry["drift"]}
+
+    def interrupted(self, report: dict[str, Any]) -> None:
+        """Store a run stopped before its end (Ctrl-C, kill): no drift, but its start anchors still say how fast
+        the machine was when its rows were taken."""
+        self.entry.update(ended_at=time.time(), report=report, drift=None, interrupted=True)
+        self.dataset.collections.append(self.entry)
