@@ -284,10 +284,10 @@ def _collect_task(dataset: Dataset, task: Any, device_id: str, plan: CollectPlan
 def _first_what_no_device_has(dataset: Dataset, tasks: dict[str, Any], device_id: str, per_task: int) -> list[str]:
     """The task keys in order, those another device already holds ``per_task`` usable programs of last: a run
     that stops at its time limit has then covered new kernels before it repeats known ones on a new device."""
-    others = [d for d in dataset.devices if d != device_id]
+    others = [_Counts(dataset, d) for d in dataset.devices if d != device_id]
 
     def held_elsewhere(key: str) -> bool:
-        return any(sum(map(protocol.is_usable, dataset.rows_of(key, d))) >= per_task for d in others)
+        return any(counts.total(key) >= per_task for counts in others)
 
     return sorted(tasks, key=held_elsewhere)
 

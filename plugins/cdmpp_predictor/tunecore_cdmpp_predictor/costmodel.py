@@ -64,9 +64,7 @@ class CDMPPModel(CostModel):
         self.threads = threads or physical_cores()
         self.asts = CompactASTs(self.threads)
         self.predictor = self._initial_predictor()
-        # the within-task ranking term of the loss (model.rank_loss): by default, what the weights were trained with
         self.rank_weight_option = rank_weight
-        self.rank_weight = self._rank_weight()
         # what it learned from: (task id, program key, device id) -> (program, device features, seconds)
         self.pool: dict[tuple[str, str, str], tuple[CompactAST, np.ndarray, float]] = {}
         self._device_vectors: dict[str, np.ndarray | None] = {}
@@ -129,11 +127,13 @@ class CDMPPModel(CostModel):
         from tunecore_cdmpp_predictor.model import Predictor
 
         self.predictor = Predictor(seed=self.seed)
-        self.rank_weight = self._rank_weight()
         self.pool.clear()
         self.own_devices = set()
 
-    def _rank_weight(self) -> float:
+    @property
+    def rank_weight(self) -> float:
+        """The within-task ranking term of the loss (model.rank_loss): by default, what the weights were trained
+        with."""
         if self.rank_weight_option is not None:
             return self.rank_weight_option
         return float(self.predictor.trained_on.get("rank_weight") or 0.0)
@@ -251,7 +251,6 @@ class CDMPPModel(CostModel):
         from tunecore_cdmpp_predictor.model import Predictor
 
         self.predictor = Predictor.load(path)
-        self.rank_weight = self._rank_weight()
 
 
 def _host_device(task: Task) -> dict[str, Any]:
