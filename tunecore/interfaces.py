@@ -14,7 +14,15 @@ from tunecore.features import N_DEVICE_FEATURES, N_FEATURES, PerStoreFeatures, d
 from tunecore.measure.local import LocalBuilder, OutputCheck
 from tunecore.measure.worker import PACK, checked_arguments, compare_outputs
 from tunecore.measure.worker import build as build_library
-from tunecore.modelfile import load_model_json, load_model_torch, save_model_json, save_model_torch
+from tunecore.modelfile import (
+    CHECKPOINT,
+    load_checkpoint,
+    load_model_json,
+    load_model_torch,
+    save_checkpoint,
+    save_model_json,
+    save_model_torch,
+)
 from tunecore.options import check_options, is_int, is_number
 from tunecore.progress import Progress
 from tunecore.roles import (
@@ -37,11 +45,12 @@ from tunecore.tvmjson import new_schedule, replay_trace_json, target_from_json, 
 from tunecore.workloads import has_kernel
 
 __all__ = [
-    "Artifact", "Builder", "Candidate", "Component", "CostModel", "DesignSpace", "LocalBuilder", "MeasureResult",
-    "Measurer", "MeasurerUnavailable", "N_DEVICE_FEATURES", "N_FEATURES", "OutputCheck", "PACK", "PerStoreFeatures",
-    "Profiler", "Progress", "ROLES", "ROLE_LABELS", "Record", "RecordStore", "Runner", "SearchPolicy", "Task",
-    "TaskContext", "UsageError", "build_library", "check_options", "checked_arguments", "compare_outputs",
-    "derive_seed", "device_features", "distinct", "error_line", "has_kernel", "is_int", "is_number", "load_model_json",
-    "load_model_torch", "new_schedule", "program_row", "replay_trace_json", "save_model_json", "save_model_torch",
-    "target_from_json", "task_inputs", "to_plain",
+    "Artifact", "Builder", "CHECKPOINT", "Candidate", "Component", "CostModel", "DesignSpace", "LocalBuilder",
+    "MeasureResult", "Measurer", "MeasurerUnavailable", "N_DEVICE_FEATURES", "N_FEATURES", "OutputCheck", "PACK",
+    "PerStoreFeatures", "Profiler", "Progress", "ROLES", "ROLE_LABELS", "Record", "RecordStore", "Runner",
+    "SearchPolicy", "Task", "TaskContext", "UsageError", "build_library", "check_options", "checked_arguments",
+    "compare_outputs", "derive_seed", "device_features", "distinct", "error_line", "has_kernel", "is_int",
+    "is_number", "load_checkpoint", "load_model_json", "load_model_torch", "new_schedule", "program_row",
+    "replay_trace_json", "save_checkpoint", "save_model_json", "save_model_torch", "target_from_json",
+    "task_inputs", "to_plain",
 ]

@@ -66,3 +66,30 @@ def load_model_torch(path: str, kind: str, version: int) -> tuple[dict[str, Any]
     except Exception as error:  # not a file, not torch's format, not ours
         raise _unreadable(path, kind, error) from None
     return _checked(path, metadata, kind, version), state_dict
+
+
+# A training command's state beside its output, so that the same command run again continues where it stopped
+# (Ctrl-C, `kill`, a machine that went away): written every so many steps, removed once the weights are written.
+CHECKPOINT = ".ckpt"
+
+
+def load_checkpoint(path: str, kind: str, settings: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
+    """(steps done, state) a run with the same ``settings`` saved at ``path``; None if there is none, or another
+    run's, or one cut short while it was written (training then starts over)."""
+    import os
+
+    if not os.path.exists(path):
+        return None
+    try:
+        saved, state = load_model_torch(path, f"{kind}-checkpoint", 1)
+    except UsageError:
+        return None
+    return (int(saved["step"]), state) if saved.get("settings") == settings else None
+
+
+def save_checkpoint(path: str, kind: str, settings: dict[str, Any], step: int, state: dict[str, Any]) -> None:
+    import os
+
+    partial = f"{path}.{os.getpid()}.partial"  # a stop while writing leaves the last whole checkpoint
+    save_model_torch(partial, f"{kind}-checkpoint", 1, {"settings": settings, "step": step}, state)
+    os.replace(partial, path)

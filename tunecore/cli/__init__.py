@@ -13,14 +13,14 @@ import signal
 import sys
 from typing import Callable, Sequence
 
-from tunecore.cli.args import add_devices, add_seed, count, duration, names, number
+from tunecore.cli.args import add_devices, add_filters, add_seed, count, duration, names, number
 from tunecore.errors import MeasurerUnavailable, PluginError, UsageError
 from tunecore.options import parse_options
 
 # public (see tunecore.interfaces): what a plugin's commands may use; ``render`` is tunecore.cli.render, the rest the
 # argument kit of tunecore.cli.args (every command spells and checks counts, lists and devices alike)
-__all__ = ["Parser", "add_devices", "add_seed", "build_parser", "count", "duration", "main", "names", "number",
-           "parse_options", "render"]
+__all__ = ["Parser", "add_devices", "add_filters", "add_seed", "build_parser", "count", "duration", "main", "names",
+           "number", "parse_options", "render"]
 
 Handler = Callable[[argparse.Namespace], int]  # runs a command; returns its exit code
 

@@ -102,5 +102,13 @@ def add_devices(p: argparse.ArgumentParser, what: str = "use only measurements o
                    help=f"{what} these devices: ids or id prefixes (see `tunecore dataset info`), comma-separated")
 
 
+def add_filters(p: argparse.ArgumentParser) -> None:
+    """The papers' data filters (tunecore.dataset.filtered)."""
+    p.add_argument("--max-spread", type=number(0), default=None,
+                   help="use only programs whose timings spread at most this much (std / mean, e.g. 0.02)")
+    p.add_argument("--min-programs", type=count(1), default=None,
+                   help="use only (task, device) groups with at least this many measured programs")
+
+
 def add_seed(p: argparse.ArgumentParser, what: str = "every random choice") -> None:
     p.add_argument("--seed", type=int, default=0, help=f"seed of {what} (default: 0)")

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from tunecore.cli import Parser, render
-from tunecore.cli.args import add_devices, add_seed, count, names, number
+from tunecore.cli.args import add_devices, add_filters, add_seed, count, names
 
 
 def add_commands(register: Any) -> None:
@@ -22,10 +22,7 @@ def add_commands(register: Any) -> None:
                           help="workload:W1,W2 (cross-model) | device:ID,... (cross-device) | task:FRACTION | "
                                "random:FRACTION | cdmpp:N (CDMPP's: every Nth program of a task by latency)")
     add_devices(evaluate)
-    evaluate.add_argument("--max-spread", type=number(0), default=None,
-                          help="use only programs whose timings spread at most this much (std / mean, e.g. 0.02)")
-    evaluate.add_argument("--min-programs", type=count(1), default=None,
-                          help="use only (task, device) groups with at least this many measured programs")
+    add_filters(evaluate)
     evaluate.add_argument("--group-size", type=count(2), default=None, metavar="N",
                           help="rank in disjoint groups of exactly N programs of a task (e.g. 128: recall@32's chance "
                                "is 0.25); smaller groups are left out")

@@ -47,7 +47,7 @@ def split(dataset: Dataset, spec: str, seed: int = 0, devices: list[str] | None 
     if devices:
         keep = {device_of(dataset, d) for d in devices}
         rows = [r for r in rows if r.device_id in keep]
-    rows = _filtered(rows, max_spread, min_programs)
+    rows = filtered(rows, max_spread, min_programs)
     weights = {key: sum(task.workloads.values()) or 1 for key, task in dataset.tasks.items()}
     if kind == "workload":
         held = [w.strip() for w in value.split(",") if w.strip()]
@@ -90,7 +90,9 @@ def split(dataset: Dataset, spec: str, seed: int = 0, devices: list[str] | None 
     return result
 
 
-def _filtered(rows: list[Measurement], max_spread: float | None, min_programs: int | None) -> list[Measurement]:
+def filtered(rows: list[Measurement], max_spread: float | None, min_programs: int | None) -> list[Measurement]:
+    """``rows`` without measured programs whose timings spread over ``max_spread`` (failed ones stay, as training
+    data), then without (task, device) groups of fewer than ``min_programs`` measured programs."""
     if max_spread is not None:
         if max_spread < 0:
             raise UsageError(f"max_spread {max_spread}: expected a spread (std / mean) >= 0, e.g. 0.02")

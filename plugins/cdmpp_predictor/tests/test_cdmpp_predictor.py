@@ -107,6 +107,54 @@ def test_training_on_a_slice_lowers_the_loss(shipped):
     assert np.mean(losses[-10:]) < 0.6 * np.mean(losses[:10]), (losses[:10], losses[-10:])
 
 
+def test_training_stopped_resumes_from_its_checkpoint(shipped, tmp_path):
+    primary = next(iter(shipped.info()["devices"]))
+    programs, latencies = [], []
+    for task, candidates, results, _ in _groups(shipped, primary, "zoo:bert-tiny", 4):
+        for ast, r in zip(CompactASTs(threads=2)(task, candidates), results):
+            programs.append(ast)
+            latencies.append(r.latency)
+    devices = np.repeat(device_features(shipped.devices[primary])[None, :], len(programs), axis=0)
+    checkpoint, settings = str(tmp_path / "m.pt.ckpt"), {"command": "a test"}
+    steps: list[int] = []
+    losses: list[float] = []
+
+    def stop_at(last: int):
+        def on_step(step: int, loss: float) -> None:
+            steps.append(step)
+            losses.append(loss)
+            if step == last:
+                raise KeyboardInterrupt
+        return on_step
+
+    def fit(predictor: Predictor, total: int, last: int = -1, **options) -> None:
+        predictor.fit(programs, devices, np.array(latencies), steps=total, batch_size=16, checkpoint=checkpoint,
+                      settings=settings, on_step=stop_at(last), **options)
+
+    with pytest.raises(KeyboardInterrupt):
+        fit(Predictor(seed=0), 600, last=400)
+    assert json.loads(torch.load(checkpoint, weights_only=True)["metadata"])["step"] == 250
+    first_losses = losses[:10]
+    steps.clear()
+    losses.clear()
+    resumed = Predictor(seed=0)
+    fit(resumed, 600)
+    assert steps == list(range(250, 600))  # the same command continues at the checkpoint, with its weights
+    # its loss goes on from where it stopped (0.33 before, 0.35 after, 0.82 at the start, when written)
+    assert np.mean(losses[:20]) < 0.5 * np.mean(first_losses)
+    steps.clear()
+    with pytest.raises(KeyboardInterrupt):  # another number of steps, or other options, start over
+        fit(Predictor(seed=0), 600, last=0, lr=5e-4)
+    assert steps == [0]
+    os.remove(checkpoint)
+    whole = Predictor(seed=0)
+    fit(whole, 600)
+    def error(predictor: Predictor) -> float:
+        return float(np.mean(np.abs(predictor.predict(programs, devices) - latencies) / latencies))
+
+    assert error(resumed) < 1.5 * error(whole)
+
+
 def test_weights_round_trip_without_pickle_and_refuse_other_files(shipped, tmp_path):
     primary = next(iter(shipped.info()["devices"]))
     groups = _groups(shipped, primary, "zoo:bert-tiny", 6)
@@ -185,7 +233,9 @@ def test_train_command_reports_held_out_error_and_predict_uses_its_weights(slice
     workloads = sorted({w for r in train_rows for w in dataset.tasks[r.task_key].workloads})
     assert "zoo:resnet-18" in workloads and "zoo:bert-tiny" not in workloads
     assert trained_on == {"dataset": slice_path, "split": "workload:zoo:bert-tiny", "programs": len(train_rows),
-                          "devices": per_device, "workloads": workloads, "epochs": 3, "rank_weight": 0.5}
+                          "devices": per_device, "workloads": workloads, "epochs": 3, "rank_weight": 0.5,
+                          "max_spread": None, "min_programs": None}
+    assert not os.path.exists(weights + ".ckpt")  # training's checkpoint goes once the weights are written
     model = CDMPPModel(weights=weights)
     assert model.predictor.trained and model.predictor.trained_on == trained_on
     # fine-tuning it (online, or adapting it to a device) keeps the loss it was trained with, unless told
@@ -232,6 +282,9 @@ def test_train_command_reports_held_out_error_and_predict_uses_its_weights(slice
                                    "-o", weights), "zoo:nothing")
     assert_one_line_exit_2(run_cli("cdmpp", "train", "--dataset", str(tmp_path / "none.parquet"), "-o", weights),
                            "none.parquet")
+    # the papers' filters: no task of the slice has 9 programs on a device
+    assert_one_line_exit_2(run_cli("cdmpp", "train", "--dataset", slice_path, "--min-programs", "9", "-o", weights),
+                           "no programs to train on")
     import pyarrow.parquet as pq
 
     no_latencies = str(tmp_path / "no-latencies.parquet")

@@ -1,13 +1,17 @@
-"""``tunecore cdmpp train|adapt``: train CDMPP on a dataset; adapt it to a new device with a few measured tasks."""
+"""``tunecore cdmpp train|adapt``: train CDMPP on a dataset; adapt it to a new device with a few measured tasks.
+
+``train`` is resumable: its state is kept beside the output (``OUT.ckpt``, tunecore's CHECKPOINT) while it
+trains, so that the same command, stopped (Ctrl-C, ``kill``), continues where it stopped."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from typing import Any
 
-from tunecore.cli import Parser, add_devices, add_seed, count, number, render
+from tunecore.cli import Parser, add_devices, add_filters, add_seed, count, number, render
 from tunecore.interfaces import UsageError
 
 
@@ -20,6 +24,7 @@ def add_commands(register: Any) -> None:
     train.add_argument("--split", default=None, help="train on its training side, report on its test side "
                                                      "(as for `costmodel eval`)")
     add_devices(train, "train only on measurements on")
+    add_filters(train)
     train.add_argument("--epochs", type=count(1), default=30, help="passes over the training data (default 30)")
     train.add_argument("--rank-weight", type=number(0, 100), default=0.0,
                        help="weight of a ranking term within tasks in the loss (default 0: MSE and MAPE only)")
@@ -50,30 +55,39 @@ def cmd_cdmpp(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from tunecore.dataset import Dataset, device_of, held_out_metrics, measured_groups, split
+    from tunecore.dataset import Dataset, device_of, filtered, held_out_metrics, measured_groups, split
+    from tunecore.interfaces import CHECKPOINT
     from tunecore_cdmpp_predictor.costmodel import CDMPPModel
 
     dataset = Dataset.load(args.dataset)
     devices = args.devices
     if args.split:
-        parts = split(dataset, args.split, args.seed, devices)
+        parts = split(dataset, args.split, args.seed, devices, max_spread=args.max_spread,
+                      min_programs=args.min_programs)
         train_rows, test_rows = parts.train, [r for r in parts.test if r.latency is not None]
     else:
         keep = {device_of(dataset, d) for d in devices} if devices else None
-        train_rows, test_rows = [r for r in dataset.rows if keep is None or r.device_id in keep], []
+        train_rows = filtered([r for r in dataset.rows if keep is None or r.device_id in keep], args.max_spread,
+                              args.min_programs)
+        test_rows = []
     model = CDMPPModel(weights="none", epochs=args.epochs, rank_weight=args.rank_weight, seed=args.seed)
     started = time.perf_counter()
     train = measured_groups(dataset, train_rows)
     _features(model, train, "features")
+    settings = {k: getattr(args, k) for k in ("split", "devices", "max_spread", "min_programs", "epochs", "seed")}
     with render.tracker(transient=args.json) as on_progress:
-        report = model.learn([(t, c, r) for t, c, r, _ in train], on_progress=on_progress)
+        report = model.learn([(t, c, r) for t, c, r, _ in train], on_progress=on_progress,
+                             checkpoint=(args.out + CHECKPOINT, settings))
     if not report["programs"]:
         raise UsageError(f"{args.dataset}: no programs to train on (none ran, or on devices cdmpp cannot describe)")
     workloads = sorted({w for r in train_rows for w in dataset.tasks[r.task_key].workloads})
     model.predictor.trained_on = {"dataset": args.dataset, "split": args.split, "programs": report["programs"],
                                   "devices": report["devices"], "workloads": workloads, "epochs": args.epochs,
-                                  "rank_weight": args.rank_weight}
+                                  "rank_weight": args.rank_weight, "max_spread": args.max_spread,
+                                  "min_programs": args.min_programs}
     model.save(args.out)
+    if os.path.exists(args.out + CHECKPOINT):
+        os.remove(args.out + CHECKPOINT)
     out: dict[str, Any] = {"out": args.out, "programs": report["programs"], "devices": report["devices"],
                            "loss": round(report["loss"], 4), "train_s": round(time.perf_counter() - started, 1)}
     if test_rows:

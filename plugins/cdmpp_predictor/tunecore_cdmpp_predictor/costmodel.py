@@ -164,18 +164,22 @@ class CDMPPModel(CostModel):
         self.learn(batches)
 
     def learn(self, batches: Sequence[tuple[Task, Sequence[Candidate], Sequence[MeasureResult]]],
-              steps: int | None = None, on_progress: Callable[[Progress], None] | None = None) -> dict[str, Any]:
+              steps: int | None = None, on_progress: Callable[[Progress], None] | None = None,
+              checkpoint: tuple[str, dict[str, Any]] | None = None) -> dict[str, Any]:
         """``update_all`` with a say in the number of steps, reporting each step to ``on_progress`` (stage
-        "training"); returns what it learned from (programs, per device), what it trained, and the last loss."""
+        "training"); returns what it learned from (programs, per device), what it trained, and the last loss.
+        ``checkpoint`` (a file, the command's settings): where training from scratch keeps its state, to resume
+        from when the same command runs again (model.Predictor.fit)."""
         added = [key for task, candidates, results in batches for key in self._add(task, candidates, results)]
         mode = "adapters" if self.predictor.trained else "shared network"
         loss = math.nan
         if added:
-            loss = self._learn(added, steps, on_progress)
+            loss = self._learn(added, steps, on_progress, checkpoint)
         return {"programs": len(added), "devices": dict(collections.Counter(key[2] for key in added)),
                 "trained": mode, "loss": loss}
 
-    def _learn(self, added: Sequence[tuple], steps: int | None, on_progress: Any = None) -> float:
+    def _learn(self, added: Sequence[tuple], steps: int | None, on_progress: Any = None,
+               checkpoint: tuple[str, dict[str, Any]] | None = None) -> float:
         """Untrained, the model trains its shared network on everything. Trained, new data on a device
         whose data this model trained the shared network on (a run or a dataset it learned from scratch)
         trains the shared network further; new data on any other device (weights from a file, a device
@@ -185,7 +189,7 @@ class CDMPPModel(CostModel):
             self.own_devices = {key[2] for key in self.pool}
             # a first round of a few dozen programs still needs a few hundred steps to learn anything
             steps = steps or max(_MIN_STEPS, self.epochs * math.ceil(len(self.pool) / self.batch_size))
-            return self._fit(list(self.pool), steps, None, (), on_progress)
+            return self._fit(list(self.pool), steps, None, (), on_progress, checkpoint)
         steps = steps or max(self.online_steps, self.epochs * math.ceil(len(added) / self.batch_size))
         loss = math.nan
         new_devices = {key[2] for key in added}
@@ -197,7 +201,8 @@ class CDMPPModel(CostModel):
             loss = self._fit(keys, steps, device, [k for k in added if k[2] == device], on_progress)
         return loss
 
-    def _fit(self, keys: list, steps: int, adapter: str | None, emphasis: Sequence[tuple], on_progress: Any) -> float:
+    def _fit(self, keys: list, steps: int, adapter: str | None, emphasis: Sequence[tuple], on_progress: Any,
+             checkpoint: tuple[str, dict[str, Any]] | None = None) -> float:
         programs = [self.pool[k][0] for k in keys]
         devices = np.stack([self.pool[k][1] for k in keys])
         latencies = np.array([self.pool[k][2] for k in keys])
@@ -211,6 +216,8 @@ class CDMPPModel(CostModel):
                                   batch_size=self.batch_size, lr=self.lr, sample_weights=weights,
                                   rank_weight=self.rank_weight, groups=groups,
                                   seed=int(self.rng.integers(2**31)),
+                                  checkpoint=checkpoint[0] if checkpoint else None,
+                                  settings=checkpoint[1] if checkpoint else None,
                                   on_step=None if on_progress is None
                                   else lambda i, loss: on_progress(Progress("training", i + 1, steps, loss=loss)))
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import math
 from typing import Any, Callable, Sequence
 
@@ -29,10 +30,19 @@ import numpy as np
 import torch
 from torch import nn
 
-from tunecore.interfaces import N_DEVICE_FEATURES, N_FEATURES, UsageError, load_model_torch, save_model_torch
+from tunecore.interfaces import (
+    N_DEVICE_FEATURES,
+    N_FEATURES,
+    UsageError,
+    load_checkpoint,
+    load_model_torch,
+    save_checkpoint,
+    save_model_torch,
+)
 from tunecore_cdmpp_predictor.features import CompactAST, positional_encoding
 
 VERSION = 1
+CHECKPOINT_EVERY = 250  # steps
 
 
 @dataclasses.dataclass
@@ -221,13 +231,14 @@ class Predictor:
     def fit(self, programs: Sequence[CompactAST], devices: np.ndarray, latencies: np.ndarray, *, steps: int,
             adapter: str | None = None, batch_size: int = 256, lr: float = 1e-3, mse_weight: float = 0.1,
             sample_weights: np.ndarray | None = None, seed: int = 0, rank_weight: float = 0.0,
-            groups: np.ndarray | None = None, per_group: int = 16,
-            on_step: Callable[[int, float], None] | None = None) -> float:
+            groups: np.ndarray | None = None, per_group: int = 16, checkpoint: str | None = None,
+            settings: dict[str, Any] | None = None, on_step: Callable[[int, float], None] | None = None) -> float:
         """Train for ``steps`` minibatches (fitting the normalizer first if there is none); the last loss.
 
         ``groups`` (a group id per program: its task and device) with ``rank_weight`` > 0 adds ``rank_loss``, and
         batches are then ``group_batch``es of ``per_group`` programs per group (unless ``sample_weights`` say
-        which programs to draw)."""
+        which programs to draw). ``checkpoint``: a file the state is written to every CHECKPOINT_EVERY steps and
+        resumed from when a run with the same ``settings``, options and data wrote it."""
         if self.normalizer is None:
             if adapter is not None:
                 raise ValueError("an adapter needs a trained network")
@@ -252,9 +263,23 @@ class Predictor:
             embedded = self._embed(programs, normalizer)  # the frozen part, computed once
         optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=1e-4)
         schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=max(steps, 1))
+        done = 0
+        if checkpoint:
+            data = hashlib.sha256(np.asarray(latencies, dtype=np.float64).tobytes())
+            data.update(np.asarray(devices, dtype=np.float32).tobytes())
+            settings = {**(settings or {}), "steps": steps, "adapter": adapter, "batch_size": batch_size, "lr": lr,
+                        "mse_weight": mse_weight, "rank_weight": rank_weight, "per_group": per_group, "seed": seed,
+                        "weighted": sample_weights is not None, "data": data.hexdigest()}
+            resumed = load_checkpoint(checkpoint, "cdmpp", settings)
+            if resumed:
+                done, state = resumed
+                self.net.load_state_dict(state["net"])
+                optimizer.load_state_dict(state["optimizer"])
+                schedule.load_state_dict(state["schedule"])
+                rng = np.random.default_rng(seed + done)
         self.net.train()
         loss_value = math.nan
-        for step in range(steps):
+        for step in range(done, steps):
             if ranking and p is None:
                 index = group_batch(members, batch_size, per_group, rng)
             else:
@@ -276,6 +301,10 @@ class Predictor:
             loss_value = loss.item()
             if on_step:
                 on_step(step, loss_value)
+            if checkpoint and (step + 1) % CHECKPOINT_EVERY == 0 and step + 1 < steps:
+                save_checkpoint(checkpoint, "cdmpp", settings or {}, step + 1, {
+                    "net": self.net.state_dict(), "optimizer": optimizer.state_dict(),
+                    "schedule": schedule.state_dict()})
         return loss_value
 
     def _embed(self, programs: Sequence[CompactAST], normalizer: Normalizer, batch_size: int = 1024) -> torch.Tensor:

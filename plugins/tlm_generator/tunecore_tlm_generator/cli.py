@@ -222,7 +222,8 @@ def _loop(args: argparse.Namespace) -> int:
 def _train(model: Any, examples: list, steps: int, args: argparse.Namespace, lr: float, schedule: str,
            settings: dict[str, Any]) -> float:
     """tlm's training loop (training.train) with a progress bar, resuming from and writing ``OUT.ckpt``."""
-    from tunecore_tlm_generator.training import CHECKPOINT, train
+    from tunecore.interfaces import CHECKPOINT
+    from tunecore_tlm_generator.training import train
 
     with render.tracker(transient=args.json) as on_progress:
         return train(model, examples, steps, batch_size=args.batch_size, lr=lr, schedule=schedule, seed=args.seed,

@@ -31,11 +31,10 @@ import time
 from typing import Any, Callable, Sequence
 
 from tunecore.dataset import CollectPlan, Dataset, collect
-from tunecore.interfaces import Progress, UsageError, has_kernel
+from tunecore.interfaces import CHECKPOINT, Progress, UsageError, has_kernel
 from tunecore_tlm_generator import model as lm
 from tunecore_tlm_generator.search import SHIPPED_BASE
 from tunecore_tlm_generator.training import (
-    CHECKPOINT,
     Sketches,
     best_programs,
     remove_checkpoints,

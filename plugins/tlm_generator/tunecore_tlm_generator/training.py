@@ -116,9 +116,9 @@ def describe(pairs: Sequence[tuple[Any, str]]) -> dict[str, Any]:
 
 
 # The training loop and its files, as nanoGPT keeps them with the model: a checkpoint beside the output (model,
-# optimizer, step) every CHECKPOINT_EVERY steps, and pre-training's sampled corpus, both removed once the weights
-# are written, so that running the same command again continues where it stopped.
-CHECKPOINT, CORPUS = ".ckpt", ".corpus.npz"
+# optimizer, step; tunecore's CHECKPOINT) every CHECKPOINT_EVERY steps, and pre-training's sampled corpus, both
+# removed once the weights are written, so that running the same command again continues where it stopped.
+CORPUS = ".corpus.npz"
 CHECKPOINT_EVERY = 100
 
 
@@ -130,22 +130,18 @@ def train(model: Any, examples: list, steps: int, *, batch_size: int, lr: float,
     reporting each step to ``on_progress`` (stage "training"). Returns the last step's loss."""
     import torch
 
-    from tunecore.interfaces import UsageError, load_model_torch, save_model_torch
+    from tunecore.interfaces import load_checkpoint, save_checkpoint
     from tunecore_tlm_generator import model as lm
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     factor = (lambda s: lm.warmup_cosine(s, steps)) if schedule == "cosine" else (lambda s: 1.0)
     settings = {**(settings or {}), "steps": steps, "batch_size": batch_size, "lr": lr}
     done = 0
-    if checkpoint and os.path.exists(checkpoint):
-        try:
-            saved, state = load_model_torch(checkpoint, "tlm-checkpoint", 1)
-        except UsageError:  # a checkpoint of an older version, or cut short: start over
-            saved, state = {"settings": None}, {}
-        if saved["settings"] == settings:
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            done = int(saved["step"])
+    resumed = load_checkpoint(checkpoint, "tlm", settings) if checkpoint else None
+    if resumed:
+        done, state = resumed
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
     rng = np.random.default_rng(seed + done)
     loss = float("nan")
     while done < steps:
@@ -160,8 +156,8 @@ def train(model: Any, examples: list, steps: int, *, batch_size: int, lr: float,
         loss = lm.train_steps(model, optimizer, examples, chunk, batch_size, rng, step)
         done += chunk
         if checkpoint:
-            save_model_torch(checkpoint, "tlm-checkpoint", 1, {"settings": settings, "step": done},
-                             {"model": model.state_dict(), "optimizer": optimizer.state_dict()})
+            save_checkpoint(checkpoint, "tlm", settings, done,
+                            {"model": model.state_dict(), "optimizer": optimizer.state_dict()})
     return loss
 
 
@@ -203,6 +199,8 @@ def load_corpus(path: str, settings: dict[str, Any]) -> dict[str, Any] | None:
 
 def remove_checkpoints(out: str) -> None:
     """The checkpoint and corpus of the weights ``out``, once they are written."""
+    from tunecore.interfaces import CHECKPOINT
+
     for leftover in (out + CHECKPOINT, out + CORPUS):
         if os.path.exists(leftover):
             os.remove(leftover)
