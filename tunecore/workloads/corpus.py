@@ -204,6 +204,8 @@ def model_spec(name: str, directory: str) -> tuple[str, list[str]]:
     if model.form == "torch":
         return f"{os.path.abspath(__file__)}:{name.replace('-', '_')}", []
     path = os.path.join(directory, f"{name}.onnx")
+    if os.path.exists(path) and not any(axis > 0 for axes in model.dynamic or () for axis in axes):
+        return path, []  # exported, and only its batch axis is symbolic: no shapes to read off the torch inputs
     module, inputs = model.build()
     if not os.path.exists(path):
         export_onnx(module, inputs, model.input_names, model.dynamic, path)
