@@ -1,6 +1,7 @@
 """Datasets: collect, resume, remeasure on another device, the file format, splits and the yardstick."""
 
 import json
+import os
 import shutil
 
 import numpy as np
@@ -443,18 +444,45 @@ class _HalfNoisyPlugin:
         register(_HalfNoisy)
 
 
+def _half_noisy_registry() -> Registry:
+    pm = new_plugin_manager(autoload=False)
+    pm.register(_HalfNoisyPlugin())
+    return Registry(pm)
+
+
 def test_collect_replaces_programs_whose_timings_stay_noisy(tmp_path):
     from tunecore.dataset.collect import CollectPlan, collect
     from tunecore.dataset.protocol import NOISY
 
-    pm = new_plugin_manager(autoload=False)
-    pm.register(_HalfNoisyPlugin())
     path = str(tmp_path / "d.parquet")
     plan = CollectPlan(["op:matmul-64"], per_task=6, random_fraction=1, measurer="half-noisy", anchors=0)
-    collect(path, plan, registry=Registry(pm))
+    collect(path, plan, registry=_half_noisy_registry())
     rows = Dataset.load(path).rows
     noisy = [r for r in rows if NOISY in r.profile]
     assert sum(map(is_usable, rows)) == 6 and noisy and len(rows) == 6 + len(noisy)
+
+
+def test_a_stop_file_ends_a_collection_as_its_time_limit_would(tmp_path, monkeypatch):
+    """`touch DATASET.stop`: the run stops after its batch, measures its end anchors and keeps its drift."""
+    from tunecore.dataset.collect import STOP, CollectPlan, collect
+
+    path = str(tmp_path / "d.parquet")
+    collect(path, CollectPlan(["op:matmul-64"], per_task=8, random_fraction=1, measurer="half-noisy", anchors=0),
+            registry=_half_noisy_registry())  # a dataset to take anchors from
+    measure = _HalfNoisy.measure
+
+    def measure_then_stop(self, task, candidates, calls=[]):  # noqa: B006 (the calls of this test)
+        calls.append(1)
+        if len(calls) == 2:  # the first batch after the start anchors
+            open(path + STOP, "w").close()
+        return measure(self, task, candidates)
+
+    monkeypatch.setattr(_HalfNoisy, "measure", measure_then_stop)
+    report = collect(path, CollectPlan(["op:matmul-64", "op:matmul-128"], per_task=8, random_fraction=1,
+                                       measurer="half-noisy", anchors=4), registry=_half_noisy_registry())
+    assert report["devices"][0]["stopped"] == f"{path + STOP} found" and not os.path.exists(path + STOP)
+    run = Dataset.load(path).collections[-1]
+    assert not run.get("interrupted") and run["drift"]["programs"] == 4
 
 
 def test_kill_stops_a_collection_cleanly_with_what_it_measured_saved(tmp_path):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import os
 import time
 from typing import Any, Callable, Collection, Iterator
 
@@ -57,8 +58,13 @@ class CollectPlan:
             not self.kernels or has_kernel(task.kernel_class, self.kernels))
 
 
+# files beside the dataset a running collection obeys: DATASET.pause holds it before its next batch until the file is
+# removed (while something else is timed); DATASET.stop ends it after its current batch, as its time limit would
+PAUSE, STOP = ".pause", ".stop"
+
+
 class _Stop(Exception):
-    """The time limit or the program limit is reached: save and stop."""
+    """The time limit or the program limit is reached, or a stop file found: save and stop."""
 
 
 def collect(path: str, plan: CollectPlan, *, registry: Any = None,
@@ -105,7 +111,7 @@ def collect(path: str, plan: CollectPlan, *, registry: Any = None,
                 done["failed"] += failed
                 if on_progress:
                     on_progress(Progress(f"measuring on {label}", done["measured"], total, task_name, done["failed"]))
-                _check_limits(plan, started, done["measured"])
+                _check_limits(plan, started, done["measured"], path)
 
             saver = _Saver(dataset, path)
             run = CollectionRun(dataset, device_id, measurer, target_to_json(target), plan.anchors, plan.seed,
@@ -217,7 +223,7 @@ def remeasure(path: str, target_spec: str | None = None, *, per_task: int | None
                     _remeasure_task(dataset, dataset.tasks[key].for_target(target_json), rows, device_id, measurer,
                                     "second" if second_labels else "replace" if again_before else "add", done,
                                     total, label, on_progress)
-                    _check_limits(plan, started, done["measured"])
+                    _check_limits(plan, started, done["measured"], path)
                     saver.save(at_most_every=60)
             except _Stop as stop:
                 report["stopped"] = str(stop)
@@ -385,7 +391,7 @@ def _measurer(registry: Any, plan: CollectPlan, target: Any, path: str) -> Itera
     registry.check_target(target, measurer=plan.measurer)
     options = options_for(protocol.label_options(plan.options, plan.measurer), "measurer", plan.measurer)
     measurer = LabelMeasurer(_construct(registry, "measurer", plan.measurer, target, **options), plan.max_spread,
-                             pause_file=path + ".pause")
+                             pause_file=path + PAUSE)
     try:
         yield measurer
     finally:
@@ -399,11 +405,14 @@ def _anchor_progress(on_progress: Callable[[Progress], None] | None, label: str)
     return report
 
 
-def _check_limits(plan: CollectPlan, started: float, measured: int) -> None:
+def _check_limits(plan: CollectPlan, started: float, measured: int, path: str) -> None:
     if plan.time_limit is not None and time.time() - started >= plan.time_limit:
         raise _Stop(f"time limit {plan.time_limit:g} s")
     if plan.max_programs is not None and measured >= plan.max_programs:
         raise _Stop(f"max programs {plan.max_programs}")
+    if os.path.exists(path + STOP):  # ends the run as its time limit would: end anchors measured, everything saved
+        os.remove(path + STOP)
+        raise _Stop(f"{path + STOP} found")
 
 
 def _check_plan(plan: CollectPlan) -> None:
