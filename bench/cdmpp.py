@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from tunecore import experiments
 from tunecore.dataset.evaluate import evaluate, measured_groups
-from tunecore.dataset.split import CDMPP_PROTOCOL, device_of, split, with_fine_tuning
+from tunecore.dataset.split import CDMPP_PROTOCOL, device_of, ranking_group_size, split, with_fine_tuning
 from tunecore.dataset.table import Dataset
 from tunecore.experiments import command_line, dataset_line, dataset_record, environment, split_tables, write_results
 
@@ -113,7 +113,7 @@ def main() -> None:
         "finetune_tasks": [dataset.tasks[k].name for k in chosen],
         "cdmpp_options": {"rank_weight": args.rank_weight},
         "results": {name: evaluate(dataset, s, models, seed=args.seed,
-                                   group_size=None if name == "CDMPP's protocol" else args.group_size or None,
+                                   group_size=ranking_group_size(s.spec, args.group_size),
                                    options={"cdmpp": {"rank_weight": args.rank_weight}})
                     for name, s in splits.items()},
         "scoring": scoring_time(dataset, primary, args.scoring_task, 2048, args.seed),

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from tunecore import experiments
 from tunecore.dataset.evaluate import evaluate
-from tunecore.dataset.split import CDMPP_PROTOCOL, split
+from tunecore.dataset.split import CDMPP_PROTOCOL, ranking_group_size, split
 from tunecore.dataset.table import Dataset
 from tunecore.experiments import command_line, dataset_line, dataset_record, environment, split_tables, write_results
 
@@ -53,7 +53,7 @@ def main() -> None:
         "environment": environment(),
         "dataset": dataset_record(args.dataset, info, primary=primary),
         "results": {name: evaluate(dataset, s, models, seed=args.seed,
-                                   group_size=None if name == "CDMPP's protocol" else args.group_size or None)
+                                   group_size=ranking_group_size(s.spec, args.group_size))
                     for name, s in splits.items()},
     }
     write_results(args.out, "costmodel_eval", report, markdown(report))

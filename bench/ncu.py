@@ -1,12 +1,14 @@
 """Profile metrics as cost-model features on this CPU: the oracle study and the two-stage `ncu` model beside xgb.
 
-    python bench/ncu.py [--dataset datasets/cpu-programs.parquet] [--split workload:zoo:resnet-18,zoo:bert-tiny]
+    python bench/ncu.py [--dataset datasets/cpu-programs-v2.parquet] [--split workload:zoo:resnet-18,zoo:bert-tiny]
                         [--group-size 128]
 
 Needs rows with CPU profiles (`tunecore ncu profile`; datasets/README.md says which rows the shipped dataset
-has). Everything goes through `tunecore costmodel eval`'s own code (tunecore.dataset.evaluate), on the
-cross-workload split, on the device whose rows were profiled, testing only profiled programs (the oracle
-needs their metrics):
+has). Everything goes through `tunecore costmodel eval`'s own code (tunecore.dataset.evaluate), on the device
+whose rows were profiled, testing only profiled programs (the oracle needs their metrics), on two protocols:
+the held-out networks of ``--split`` ranked in groups of ``--group-size`` programs of a task (the study's 128:
+recall@32's chance is 0.25), and CDMPP's (every 5th program of a task by latency tested, timings within 1%,
+tasks with >= 48 programs; whole tasks ranked). On each:
 
 - (a) the study: `ncu` with `oracle` (the measured callgrind + llvm-mca metrics of the very programs it
   ranks are its features) vs `xgb` on MetaSchedule's static per-store features;
@@ -16,7 +18,8 @@ needs their metrics):
 
 each twice: trained on the profiled training rows only (everyone sees the same programs), and on every
 measured training row (stage A still learns only from profiled ones; how the model would be used). Also
-stage A's R^2 per metric on the held-out tasks, and what a profile costs. Writes bench/results/ncu.{json,md}.
+stage A's R^2 per metric on the held-out networks' tasks, what a profile costs, and every table's floor (a
+per-task constant) and ceiling (second labels). Writes bench/results/ncu.{json,md}.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import numpy as np
 
 from tunecore import experiments
 from tunecore.dataset.evaluate import evaluate, measured_groups
-from tunecore.dataset.split import Split, split
+from tunecore.dataset.split import CDMPP_PROTOCOL, Split, ranking_group_size, split
 from tunecore.dataset.table import Dataset
 from tunecore.experiments import command_line, environment, split_tables, write_results
 
@@ -95,37 +98,48 @@ def profile_costs(rows: list) -> dict:
 
 def main() -> None:
     parser = experiments.script_parser(__doc__, __file__)
-    parser.add_argument("--dataset", default="datasets/cpu-programs.parquet")
+    parser.add_argument("--dataset", default="datasets/cpu-programs-v2.parquet")
     parser.add_argument("--split", default="workload:zoo:resnet-18,zoo:bert-tiny")
-    parser.add_argument("--group-size", type=int, default=None,
-                        help="rank in groups of exactly this many programs of a task (the paper's 128; chance of "
-                             "recall@32 then 0.25)")
+    parser.add_argument("--group-size", type=int, default=128,
+                        help="rank the held-out networks' programs in groups of exactly this many programs of a task "
+                             "(default 128, the study's; 0: whole tasks)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
     dataset = Dataset.load(args.dataset)
     rows = [r for r in dataset.rows if profiled(r)]
     device = max({r.device_id for r in rows}, key=lambda d: sum(r.device_id == d for r in rows))
-    base = split(dataset, args.split, args.seed, devices=[device])
-    test = [r for r in base.test if profiled(r)]
-    settings = {
-        "profiled training rows": dataclasses.replace(base, train=[r for r in base.train if profiled(r)], test=test),
-        "every measured training row": dataclasses.replace(base, test=test),
-    }
+    protocols = {"held-out networks": split(dataset, args.split, args.seed, devices=[device]),
+                 "CDMPP's protocol": split(dataset, seed=args.seed, devices=[device], **CDMPP_PROTOCOL)}
+    results, chance = {}, {}
+    for protocol, base in protocols.items():
+        test = [r for r in base.test if profiled(r)]
+        group_size = ranking_group_size(base.spec, args.group_size)
+        settings = {
+            "profiled training rows": dataclasses.replace(base, train=[r for r in base.train if profiled(r)],
+                                                          test=test),
+            "every measured training row": dataclasses.replace(base, test=test),
+        }
+        chance[protocol] = {f"recall@{k}": round(k / group_size if group_size else
+                                                 chance_recall(settings["profiled training rows"], k), 3)
+                            for k in (32, 5)}
+        for name, parts in settings.items():
+            results[f"{protocol}, {name}"] = run_models(dataset, parts, os.path.abspath(args.dataset), args.seed,
+                                                        group_size)
+    held_out = protocols["held-out networks"]
     report = {
         "command": command_line("ncu.py"),
         "environment": environment(),
         "dataset": {"path": args.dataset, "device": device,
                     "profiled_rows": sum(r.device_id == device for r in rows), "profiled_rows_all_devices": len(rows),
                     "failed_profiles": sum("cpu.failed" in r.profile for r in dataset.rows if r.device_id == device)},
-        "chance_recall@32": round(32 / args.group_size if args.group_size else
-                                  chance_recall(settings["profiled training rows"], 32), 3),
-        "chance_recall@5": round(5 / args.group_size if args.group_size else
-                                 chance_recall(settings["profiled training rows"], 5), 3),
+        "group_size": args.group_size or None,
+        "chance": chance,
         "profile_cost": profile_costs([r for r in rows if r.device_id == device]),
-        "stage_a_r2": stage_a_r2(dataset, settings["profiled training rows"], args.seed),
-        "results": {name: run_models(dataset, parts, os.path.abspath(args.dataset), args.seed, args.group_size)
-                    for name, parts in settings.items()},
+        "stage_a_r2": stage_a_r2(dataset, dataclasses.replace(
+            held_out, train=[r for r in held_out.train if profiled(r)], test=[r for r in held_out.test if profiled(r)]),
+            args.seed),
+        "results": results,
     }
     write_results(args.out, "ncu", report, markdown(report))
 
@@ -139,18 +153,19 @@ def markdown(report: dict) -> str:
         f"device `{data['device']}` ({data['failed_profiles']} could not be profiled; "
         f"{data.get('profiled_rows_all_devices', '?')} on all devices). Every program profiled the same way: one "
         "cold call, the device's caches simulated. Test: the profiled programs "
-        f"of the held-out workloads' tasks. Chance: recall@32 {report['chance_recall@32']}, recall@5 "
-        f"{report['chance_recall@5']} (groups of up to 64 programs, not the study's 128).",
+        "of the test side's tasks. Chance of recall@32 and recall@5: "
+        + "; ".join(f"{protocol} {c['recall@32']} and {c['recall@5']}" for protocol, c in report["chance"].items())
+        + (f" (held-out networks ranked in groups of {report['group_size']} programs of a task, CDMPP's protocol in "
+           "whole tasks)." if report.get("group_size") else " (whole tasks)."),
         f"{experiments.environment_line(report)}",
         "",
         f"A profile costs {cost['median_s']} s (median; mean {cost['mean_s']} s, p90 {cost['p90_s']} s, max "
-        f"{cost['max_s']} s), {cost['median_over_latency']}x the program's measured latency (median), 2 at a time "
-        "on 2 cores, as recorded when each profile was made (on the device's own machine, or for the rows "
-        "profiled again in 2026-11-25 on a Zen 4 with other work running).",
+        f"{cost['max_s']} s), {cost['median_over_latency']}x the program's measured latency (median), as recorded "
+        "when each profile was made (datasets/README.md says where and how many at a time).",
         "",
     ]
     lines += split_tables(report["results"], COLUMNS)
-    lines += ["## Stage A: R^2 of predicted log(metric per FLOP) on the held-out tasks", "",
+    lines += ["## Stage A: R^2 of predicted log(metric per FLOP) on the held-out networks' tasks", "",
               "| metric | R^2 |", "|---|---:|"]
     lines += [f"| {name} | {r2} |" for name, r2 in report["stage_a_r2"].items()]
     lines.append("")

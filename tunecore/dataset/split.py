@@ -27,6 +27,12 @@ KINDS = ("workload", "device", "task", "random", "cdmpp")
 CDMPP_PROTOCOL = {"spec": "cdmpp:5", "max_spread": 0.01, "min_programs": 48}
 
 
+def ranking_group_size(spec: str, group_size: int | None) -> int | None:
+    """Rank in groups of ``group_size`` programs of a task (None or 0: whole tasks), except on CDMPP's split, whose
+    test side holds a fifth of each task's programs: whole tasks there, as the paper."""
+    return None if spec.startswith("cdmpp:") else group_size or None
+
+
 @dataclasses.dataclass
 class Split:
     spec: str
