@@ -25,7 +25,8 @@ def add_commands(register: Any) -> None:
                                                      "(as for `costmodel eval`)")
     add_devices(train, "train only on measurements on")
     add_filters(train)
-    train.add_argument("--epochs", type=count(1), default=30, help="passes over the training data (default 30)")
+    train.add_argument("--epochs", type=count(1), default=150,
+                       help="passes over the training data (default 150: bench/results/cdmpp_data.md)")
     train.add_argument("--rank-weight", type=number(0, 100), default=0.0,
                        help="weight of a ranking term within tasks in the loss (default 0: MSE and MAPE only)")
     add_seed(train, "the network's initial weights and the order of batches")

@@ -42,7 +42,7 @@ class CDMPPModel(CostModel):
     predicts_latency = True
     target_kinds = frozenset({"llvm", "cuda"})
 
-    def __init__(self, *, weights: str = "shipped", online: bool = True, epochs: int = 30, online_steps: int = 50,
+    def __init__(self, *, weights: str = "shipped", online: bool = True, epochs: int = 150, online_steps: int = 50,
                  batch_size: int = 256, lr: float = 1e-3, rank_weight: float | None = None, threads: int | None = None,
                  **kwargs: Any):
         super().__init__(**kwargs)
