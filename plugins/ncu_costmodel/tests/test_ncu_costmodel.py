@@ -288,7 +288,10 @@ def test_hot_loop_is_the_innermost_loop_with_the_most_floating_point_work():
     assert cpu.hot_loop(code) == [("vfmadd231ps", "(%rax),%ymm2,%ymm3"), ("jne", "18 <f+0x8>")]
     assert cpu.hot_loop(code[:2]) is None
     assert cpu.uses_avx512([(0, "vfmadd231ps", "%zmm0,%zmm1,%zmm2")])
-    assert not cpu.uses_avx512(code)
+    # EVEX on xmm/ymm: registers 16-31 and embedded broadcasts (valgrind stops at them too)
+    assert cpu.uses_avx512([(0, "vxorps", "%xmm16,%xmm16,%xmm16")])
+    assert cpu.uses_avx512([(0, "vfmadd231ps", "(%rax){1to8},%ymm1,%ymm2")])
+    assert not cpu.uses_avx512(code) and not cpu.uses_avx512([(0, "vxorps", "%xmm1,%xmm15,%xmm15")])
 
 
 def test_a_missing_tool_names_the_package_to_install(monkeypatch, tmp_path):
@@ -373,6 +376,37 @@ def test_profile_command_adds_metrics_to_rows_and_resumes(small_dataset):
     assert all(r.profile["cpu.instructions"] > 1 and "cpu.warm" not in r.profile
                for r in data.rows if "cpu.failed" not in r.profile)
     assert sum("cpu.instructions" in r.profile for r in data.rows if r.device_id == elsewhere) >= 1
+
+
+def test_avx512_programs_get_their_twins_callgrind_counts(tmp_path):
+    """`ncu profile` of rows built for an AVX-512 CPU: llvm-mca reads their own code, callgrind runs the same
+    schedules built for the nearest CPU of the line without AVX-512 (znver3 for znver4 and znver5)."""
+    import dataclasses
+
+    from tunecore.targets import device_descriptor, resolve_target
+    from tunecore.tvmjson import target_to_json
+
+    assert json.loads(cpu.twin_target('{"kind": "llvm", "mcpu": "znver5"}'))["mcpu"] == "znver3"
+    assert json.loads(cpu.twin_target('{"kind": "llvm", "mcpu": "icelake-server"}'))["mcpu"] == "x86-64-v3"
+    target = resolve_target(json.dumps({"kind": "llvm", "mcpu": "znver4", "num-cores": 1}))
+    shipped = Dataset.load(SHIPPED)
+    part = Dataset()
+    here = part.add_device(device_descriptor(target))
+    for key, task in sorted(shipped.tasks.items()):
+        if "zoo:bert-tiny" in task.workloads and "matmul" in task.kernel_class and len(part.tasks) < 2:
+            part.add_task(task)
+            for row in [r for r in shipped.rows if r.task_key == key and r.latency and r.latency < 5e-3][:2]:
+                part.add(dataclasses.replace(row, device_id=here, target=target_to_json(target), profile={}))
+    path = str(tmp_path / "avx512.parquet")
+    part.save(path)
+    report = cli_json(run_cli("ncu", "profile", "--dataset", path, "--limit", "4", "--json"))
+    assert report["profiled"] == 4, report
+    rows = Dataset.load(path).rows
+    assert all(r.profile["cpu.instructions"] > 0 and r.profile["mca.ipc"] > 0 for r in rows)
+    assert all(r.profile.get("cpu.twin") == r.profile.get("cpu.avx512") for r in rows)
+    assert any(r.profile.get("cpu.twin") == 1.0 for r in rows)
+    # what the disassembly alone misses: EVEX code on xmm/ymm registers 0-15 (AVX-512VL), seen in the bytes
+    assert not cpu.evex_encoded(_build(tmp_path, "x86-64-v3")[1])
 
 
 def test_profile_command_refuses_bad_input(small_dataset, tmp_path):

@@ -13,7 +13,11 @@ Two tools, neither of which touches Python or libtvm (valgrind on a Python+TVM p
   older CPU of its line that the installed llvm-mca knows).
 
 AVX-512 code cannot run under valgrind (it stops at the first such instruction): a library that contains any
-gets only the llvm-mca metrics and ``cpu.avx512 = 1``; its callgrind metrics are missing, not zero.
+gets only the llvm-mca metrics and ``cpu.avx512 = 1``; its callgrind metrics are missing, not zero. Where the
+program's schedule is at hand (``tunecore ncu profile``), its **twin** is profiled instead: the same schedule built
+for the nearest CPU of the target's line without AVX-512 (``twin_target``: znver3 for znver4 and znver5), whose
+callgrind counts (``cpu.twin = 1``) stand for the program's: the same loops, tiles and memory traffic, with each
+512-bit vector operation done as two 256-bit ones. llvm-mca still reads the program's own code.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ MCA_METRICS = ("mca.loop_cycles", "mca.loop_instructions", "mca.loop_flops", "mc
 # how this candidate was profiled, and at what cost: not features. ``cpu.warm = 1`` marks a profile made by an
 # earlier version, which warmed the caches of fast kernels only: its counts depend on the latency the model is
 # asked to predict, so ``tunecore ncu profile`` makes such profiles again.
-BOOKKEEPING = ("cpu.warm", "cpu.avx512", "cpu.profile_secs")
+BOOKKEEPING = ("cpu.warm", "cpu.avx512", "cpu.twin", "cpu.profile_secs")
 
 _PACKAGES = {"valgrind": "valgrind", "llvm-mca": "llvm", "objdump": "binutils", "cc": "gcc"}
 
@@ -155,8 +159,23 @@ def disassemble(library: str) -> list[tuple[int, str, str]]:
     return out
 
 
+_AVX512_OPERANDS = re.compile(r"%zmm|%k[0-7]\b|%[xy]mm(1[6-9]|2[0-9]|3[01])\b|\{1to")
+# an instruction line of objdump whose first byte after address and segment prefixes is 0x62: EVEX (AVX-512) in
+# 64-bit code, where the instruction 0x62 was (BOUND) does not exist; with its mnemonic, not a continuation line
+_EVEX_LINE = re.compile(r"^\s*[0-9a-f]+:\t(?:(?:26|2e|36|3e|64|65|67) )*62 (?:[0-9a-f]{2} )*\s*\t\S", re.M)
+
+
 def uses_avx512(instructions: Sequence[tuple[int, str, str]]) -> bool:
-    return any("%zmm" in ops or re.search(r"%k[0-7]\b", ops) for _, _, ops in instructions)
+    """Whether the disassembly names AVX-512 state: zmm, mask or 16-31 vector registers, embedded broadcasts."""
+    return any(_AVX512_OPERANDS.search(ops) for _, _, ops in instructions)
+
+
+def evex_encoded(library: str) -> bool:
+    """Whether the library holds any EVEX-encoded instruction, which valgrind cannot run: also AVX-512VL code on
+    xmm/ymm registers 0-15 (vpternlogd, vpermt2ps, ...), which names no AVX-512 state."""
+    done = subprocess.run([require("objdump"), "-d", "-j", ".text", library], capture_output=True, text=True,
+                          check=True)
+    return bool(_EVEX_LINE.search(done.stdout))
 
 
 def _flops(mnemonic: str, operands: str) -> float:
@@ -195,6 +214,17 @@ _PREDECESSOR = {"znver5": "znver4", "znver4": "znver3", "znver3": "znver2", "znv
                 "sapphirerapids": "icelake-server", "arrowlake": "alderlake", "meteorlake": "alderlake",
                 "raptorlake": "alderlake", "alderlake": "skylake"}
 _WITHOUT_AVX512 = {"znver3", "znver2", "znver1", "alderlake", "skylake"}
+
+
+def twin_target(target_json: str) -> str:
+    """The llvm target whose code valgrind runs in place of AVX-512 code built for ``target_json``: the same target
+    with the nearest CPU of its line without AVX-512 (a generic AVX2 x86-64 where the line has none)."""
+    target = json.loads(target_json)
+    mcpu = target.get("mcpu", "")
+    while mcpu and mcpu not in _WITHOUT_AVX512:
+        mcpu = _PREDECESSOR.get(mcpu, "")
+    target["mcpu"] = mcpu or "x86-64-v3"
+    return json.dumps(target, sort_keys=True)
 
 
 @functools.lru_cache(maxsize=None)
@@ -244,7 +274,7 @@ def profile_library(library: str, args_info: Sequence, *, threads: int, mcpu: st
     started = time.perf_counter()
     instructions = disassemble(library)
     metrics = mca(instructions, mcpu)
-    if uses_avx512(instructions):
+    if uses_avx512(instructions) or evex_encoded(library):
         metrics["cpu.avx512"] = 1.0
     else:
         metrics.update(callgrind(library, entry, threads, args_info, caches=caches or cache_geometry(),

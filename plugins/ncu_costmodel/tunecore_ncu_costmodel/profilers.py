@@ -163,27 +163,36 @@ def profile_dataset(path: str, *, limit: int, per_task: int | None = None, workl
                     built.append(row)
                 except Exception:  # the trace does not replay
                     _failed(row, counts)
+            def caches(row: Any) -> dict:
+                device = dataset.devices.get(row.device_id, {})
+                return cpu.cache_geometry(device.get("l1_bytes"), device.get("l2_bytes"))
+
             futures = {}
-            for row, artifact in zip(built, builder.build(mods) if mods else []):
+            for row, mod, artifact in zip(built, mods, builder.build(mods) if mods else []):
                 if not isinstance(artifact, Artifact):
                     _failed(row, counts)
                     continue
-                device = dataset.devices.get(row.device_id, {})
-                caches = cpu.cache_geometry(device.get("l1_bytes"), device.get("l2_bytes"))
                 future = workers.submit(cpu.profile_library, artifact.path,
                                         artifact.arguments(dataset.tasks[row.task_key]),
-                                        threads=cores, mcpu=mcpu, caches=caches, timeout=timeout)
-                futures[future] = row, artifact
+                                        threads=cores, mcpu=mcpu, caches=caches(row), timeout=timeout)
+                futures[future] = row, mod, artifact
+            profiled = []
             for future in concurrent.futures.as_completed(futures):
-                row, artifact = futures[future]
+                row, mod, artifact = futures[future]
                 try:
-                    metrics = future.result()
-                    _clear(row)
-                    row.profile.update(metrics)
-                    counts["profiled"] += 1
+                    profiled.append((row, mod, future.result()))
                 except Exception:
                     _failed(row, counts)
                 builder.discard(artifact)
+            twins = [(row, mod, metrics) for row, mod, metrics in profiled if metrics.get("cpu.avx512")]
+            if twins:
+                twin = cpu.twin_target(target)
+                twin_builder = builders.get(twin) or builders.setdefault(twin, LocalBuilder(target_from_json(twin)))
+                _add_twin_counts(twins, dataset.tasks, twin_builder, workers, cores, caches, timeout)
+            for row, _, metrics in profiled:
+                _clear(row)
+                row.profile.update(metrics)
+                counts["profiled"] += 1
             if on_progress:
                 on_progress(Progress("profiling", counts["profiled"] + counts["failed"], counts["total"],
                                      dataset.tasks[rows[-1].task_key].name, counts["failed"]))
@@ -197,6 +206,28 @@ def profile_dataset(path: str, *, limit: int, per_task: int | None = None, workl
             builder.close()
     return dict(counts, rows_with_profile=sum(map(_profiled, dataset.rows)),
                 seconds=round(time.perf_counter() - started, 1))
+
+
+def _add_twin_counts(profiled: list, tasks: dict, builder: Any, workers: Any, cores: int,
+                     caches: Callable[[Any], dict], timeout: float) -> None:
+    """Callgrind's counts of each AVX-512 program's twin (cpu.twin_target) into its metrics; a program whose twin
+    does not build or run keeps its llvm-mca metrics alone."""
+    import concurrent.futures
+
+    futures = {}
+    mods = [mod for _, mod, _ in profiled]
+    for (row, _, metrics), artifact in zip(profiled, builder.build(mods)):
+        if isinstance(artifact, Artifact):
+            future = workers.submit(cpu.callgrind, artifact.path, "main", cores,
+                                    artifact.arguments(tasks[row.task_key]), caches=caches(row), timeout=timeout)
+            futures[future] = metrics, artifact
+    for future in concurrent.futures.as_completed(futures):
+        metrics, artifact = futures[future]
+        try:
+            metrics.update(future.result(), **{"cpu.twin": 1.0})
+        except Exception:
+            pass
+        builder.discard(artifact)
 
 
 def _clear(row: Any) -> None:
