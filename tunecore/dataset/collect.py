@@ -411,7 +411,8 @@ def _check_limits(plan: CollectPlan, started: float, measured: int, path: str) -
     if plan.max_programs is not None and measured >= plan.max_programs:
         raise _Stop(f"max programs {plan.max_programs}")
     if os.path.exists(path + STOP):  # ends the run as its time limit would: end anchors measured, everything saved
-        os.remove(path + STOP)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path + STOP)
         raise _Stop(f"{path + STOP} found")
 
 
