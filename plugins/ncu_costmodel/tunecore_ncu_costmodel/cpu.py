@@ -14,14 +14,17 @@ Two tools, neither of which touches Python or libtvm (valgrind on a Python+TVM p
 
 AVX-512 code cannot run under valgrind (it stops at the first such instruction): a library that contains any
 gets only the llvm-mca metrics and ``cpu.avx512 = 1``; its callgrind metrics are missing, not zero. Where the
-program's schedule is at hand (``tunecore ncu profile``), its **twin** is profiled instead: the same schedule built
-for the nearest CPU of the target's line without AVX-512 (``twin_target``: znver3 for znver4 and znver5), whose
-callgrind counts (``cpu.twin = 1``) stand for the program's: the same loops, tiles and memory traffic, with each
-512-bit vector operation done as two 256-bit ones. llvm-mca still reads the program's own code.
+programs' schedules are at hand (``tunecore ncu profile``), every program of a device with AVX-512 has its
+**twin** counted instead, whether its own code uses AVX-512 or not, so that a task's programs are counted alike:
+the same schedule built for the nearest CPU of the target's line without AVX-512 (``twin_target``: znver3 for
+znver4 and znver5), whose callgrind counts (``cpu.twin = 1``; 0 when the twin could not be counted) stand for the
+program's: the same loops, tiles and memory traffic, each 512-bit vector operation done as two 256-bit ones.
+llvm-mca still reads the program's own code.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -162,7 +165,7 @@ def disassemble(library: str) -> list[tuple[int, str, str]]:
 _AVX512_OPERANDS = re.compile(r"%zmm|%k[0-7]\b|%[xy]mm(1[6-9]|2[0-9]|3[01])\b|\{1to")
 # an instruction line of objdump whose first byte after address and segment prefixes is 0x62: EVEX (AVX-512) in
 # 64-bit code, where the instruction 0x62 was (BOUND) does not exist; with its mnemonic, not a continuation line
-_EVEX_LINE = re.compile(r"^\s*[0-9a-f]+:\t(?:(?:26|2e|36|3e|64|65|67) )*62 (?:[0-9a-f]{2} )*\s*\t\S", re.M)
+_EVEX_LINE = re.compile(r"^ *[0-9a-f]+:\t(?:(?:26|2e|36|3e|64|65|67) )*62 (?:[0-9a-f]{2} )*[ ]*\t\S", re.M)
 
 
 def uses_avx512(instructions: Sequence[tuple[int, str, str]]) -> bool:
@@ -175,7 +178,13 @@ def evex_encoded(library: str) -> bool:
     xmm/ymm registers 0-15 (vpternlogd, vpermt2ps, ...), which names no AVX-512 state."""
     done = subprocess.run([require("objdump"), "-d", "-j", ".text", library], capture_output=True, text=True,
                           check=True)
-    return bool(_EVEX_LINE.search(done.stdout))
+    return has_evex_line(done.stdout)
+
+
+def has_evex_line(objdump_text: str) -> bool:
+    """Whether ``objdump -d`` output (raw bytes shown) has an instruction whose first byte past its segment and
+    address-size prefixes is 0x62; continuation lines of long instructions carry no mnemonic and do not count."""
+    return bool(_EVEX_LINE.search(objdump_text))
 
 
 def _flops(mnemonic: str, operands: str) -> float:
@@ -218,12 +227,15 @@ _WITHOUT_AVX512 = {"znver3", "znver2", "znver1", "alderlake", "skylake"}
 
 def twin_target(target_json: str) -> str:
     """The llvm target whose code valgrind runs in place of AVX-512 code built for ``target_json``: the same target
-    with the nearest CPU of its line without AVX-512 (a generic AVX2 x86-64 where the line has none)."""
+    with the nearest CPU of its line without AVX-512 (a generic AVX2 x86-64 where the line has none), and no
+    AVX-512 feature in its ``mattr``."""
     target = json.loads(target_json)
     mcpu = target.get("mcpu", "")
     while mcpu and mcpu not in _WITHOUT_AVX512:
         mcpu = _PREDECESSOR.get(mcpu, "")
     target["mcpu"] = mcpu or "x86-64-v3"
+    if target.get("mattr"):
+        target["mattr"] = [f for f in target["mattr"] if "avx512" not in f] + ["-avx512f"]
     return json.dumps(target, sort_keys=True)
 
 
@@ -241,8 +253,10 @@ def mca_cpu(mcpu: str, avx512: bool = False) -> str:
     return mcpu or ("x86-64-v4" if avx512 else "x86-64")
 
 
-def mca(instructions: Sequence[tuple[int, str, str]], mcpu: str, timeout: float = 30.0) -> dict[str, float]:
-    """llvm-mca's steady-state estimate of the hot loop (see ``hot_loop``); {} when the code has no loop."""
+def mca(instructions: Sequence[tuple[int, str, str]], mcpu: str, avx512: bool,
+        timeout: float = 30.0) -> dict[str, float]:
+    """llvm-mca's steady-state estimate of the hot loop (see ``hot_loop``), on a CPU model that runs AVX-512 where
+    the code has it; {} when the code has no loop."""
     body = hot_loop(instructions)
     if not body:
         return {}
@@ -252,7 +266,7 @@ def mca(instructions: Sequence[tuple[int, str, str]], mcpu: str, timeout: float 
             operands = "loop"  # branch targets are addresses in the library; llvm-mca needs a label
         lines.append(f"  {mnemonic} {operands}")
     command = [require("llvm-mca"), "-mtriple=x86_64-unknown-linux-gnu",
-               f"-mcpu={mca_cpu(mcpu, uses_avx512(instructions))}", "--json", "-iterations=100"]
+               f"-mcpu={mca_cpu(mcpu, avx512)}", "--json", "-iterations=100"]
     done = subprocess.run(command, input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:
         raise RuntimeError(f"llvm-mca: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else 'failed'}")
@@ -265,20 +279,29 @@ def mca(instructions: Sequence[tuple[int, str, str]], mcpu: str, timeout: float 
 
 
 def profile_library(library: str, args_info: Sequence, *, threads: int, mcpu: str, caches: dict | None = None,
-                    entry: str = "main", timeout: float = 60.0) -> dict[str, float]:
+                    entry: str = "main", timeout: float = 60.0, twin: str | None = None) -> dict[str, float]:
     """Every CPU metric of one built kernel (see the module docstring); raises when it cannot be profiled.
 
     Every kernel is profiled the same way, one cold call, whatever its latency: a warm-up call for fast kernels
     only made the counts tell fast programs from slow ones by how they were profiled. ``caches`` is
-    ``cache_geometry``'s answer for the device (this machine's by default)."""
+    ``cache_geometry``'s answer for the device (this machine's by default). ``twin``: the library of the same
+    schedule built for ``twin_target``, whose callgrind counts are taken instead of the kernel's own ('' when it
+    did not build: no counts, ``cpu.twin = 0``)."""
     started = time.perf_counter()
     instructions = disassemble(library)
-    metrics = mca(instructions, mcpu)
-    if uses_avx512(instructions) or evex_encoded(library):
+    avx512 = uses_avx512(instructions) or evex_encoded(library)
+    metrics = mca(instructions, mcpu, avx512)
+    if avx512:
         metrics["cpu.avx512"] = 1.0
-    else:
-        metrics.update(callgrind(library, entry, threads, args_info, caches=caches or cache_geometry(),
-                                 timeout=timeout))
+    caches = caches or cache_geometry()
+    if twin is None and not avx512:
+        metrics.update(callgrind(library, entry, threads, args_info, caches=caches, timeout=timeout))
+    elif twin is not None:
+        metrics["cpu.twin"] = 0.0  # until its twin is counted; a twin that fails leaves the mca metrics alone
+        with contextlib.suppress(RuntimeError, OSError, subprocess.TimeoutExpired):
+            if twin:
+                metrics.update(callgrind(twin, entry, threads, args_info, caches=caches, timeout=timeout))
+                metrics["cpu.twin"] = 1.0
     metrics["cpu.profile_secs"] = time.perf_counter() - started
     return metrics
 

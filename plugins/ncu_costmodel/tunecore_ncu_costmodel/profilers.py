@@ -163,36 +163,36 @@ def profile_dataset(path: str, *, limit: int, per_task: int | None = None, workl
                     built.append(row)
                 except Exception:  # the trace does not replay
                     _failed(row, counts)
-            def caches(row: Any) -> dict:
-                device = dataset.devices.get(row.device_id, {})
-                return cpu.cache_geometry(device.get("l1_bytes"), device.get("l2_bytes"))
-
+            # a device with AVX-512: callgrind counts every program's twin (cpu.twin_target), whatever its own code
+            twins = [None] * len(mods)
+            if mods and dataset.devices.get(rows[0].device_id, {}).get("vector_bits") == 512:
+                twin = cpu.twin_target(target)
+                twin_builder = builders.get(twin) or builders.setdefault(twin, LocalBuilder(target_from_json(twin)))
+                twins = twin_builder.build(mods)
             futures = {}
-            for row, mod, artifact in zip(built, mods, builder.build(mods) if mods else []):
+            for row, artifact, twin_artifact in zip(built, builder.build(mods) if mods else [], twins):
                 if not isinstance(artifact, Artifact):
                     _failed(row, counts)
                     continue
-                future = workers.submit(cpu.profile_library, artifact.path,
-                                        artifact.arguments(dataset.tasks[row.task_key]),
-                                        threads=cores, mcpu=mcpu, caches=caches(row), timeout=timeout)
-                futures[future] = row, mod, artifact
-            profiled = []
+                device = dataset.devices.get(row.device_id, {})
+                future = workers.submit(
+                    cpu.profile_library, artifact.path, artifact.arguments(dataset.tasks[row.task_key]),
+                    threads=cores, mcpu=mcpu, caches=cpu.cache_geometry(device.get("l1_bytes"), device.get("l2_bytes")),
+                    timeout=timeout, twin=None if twin_artifact is None else
+                    twin_artifact.path if isinstance(twin_artifact, Artifact) else "")
+                futures[future] = row, artifact, twin_artifact
             for future in concurrent.futures.as_completed(futures):
-                row, mod, artifact = futures[future]
+                row, artifact, twin_artifact = futures[future]
                 try:
-                    profiled.append((row, mod, future.result()))
+                    metrics = future.result()
+                    _clear(row)
+                    row.profile.update(metrics)
+                    counts["profiled"] += 1
                 except Exception:
                     _failed(row, counts)
                 builder.discard(artifact)
-            twins = [(row, mod, metrics) for row, mod, metrics in profiled if metrics.get("cpu.avx512")]
-            if twins:
-                twin = cpu.twin_target(target)
-                twin_builder = builders.get(twin) or builders.setdefault(twin, LocalBuilder(target_from_json(twin)))
-                _add_twin_counts(twins, dataset.tasks, twin_builder, workers, cores, caches, timeout)
-            for row, _, metrics in profiled:
-                _clear(row)
-                row.profile.update(metrics)
-                counts["profiled"] += 1
+                if isinstance(twin_artifact, Artifact):
+                    twin_builder.discard(twin_artifact)
             if on_progress:
                 on_progress(Progress("profiling", counts["profiled"] + counts["failed"], counts["total"],
                                      dataset.tasks[rows[-1].task_key].name, counts["failed"]))
@@ -208,28 +208,6 @@ def profile_dataset(path: str, *, limit: int, per_task: int | None = None, workl
                 seconds=round(time.perf_counter() - started, 1))
 
 
-def _add_twin_counts(profiled: list, tasks: dict, builder: Any, workers: Any, cores: int,
-                     caches: Callable[[Any], dict], timeout: float) -> None:
-    """Callgrind's counts of each AVX-512 program's twin (cpu.twin_target) into its metrics; a program whose twin
-    does not build or run keeps its llvm-mca metrics alone."""
-    import concurrent.futures
-
-    futures = {}
-    mods = [mod for _, mod, _ in profiled]
-    for (row, _, metrics), artifact in zip(profiled, builder.build(mods)):
-        if isinstance(artifact, Artifact):
-            future = workers.submit(cpu.callgrind, artifact.path, "main", cores,
-                                    artifact.arguments(tasks[row.task_key]), caches=caches(row), timeout=timeout)
-            futures[future] = metrics, artifact
-    for future in concurrent.futures.as_completed(futures):
-        metrics, artifact = futures[future]
-        try:
-            metrics.update(future.result(), **{"cpu.twin": 1.0})
-        except Exception:
-            pass
-        builder.discard(artifact)
-
-
 def _clear(row: Any) -> None:
     row.profile = {k: v for k, v in row.profile.items() if not k.startswith(("cpu.", "mca."))}
 
@@ -241,7 +219,10 @@ def _failed(row: Any, counts: dict[str, int]) -> None:
 
 
 def _profiled(row: Any) -> bool:
-    return row.profile.get("cpu.warm") != 1.0 and any(key.startswith(("cpu.", "mca.")) for key in row.profile)
+    """A profile this version would make again: none, one made warm, or AVX-512 code's from before twins."""
+    if row.profile.get("cpu.warm") == 1.0 or ("cpu.avx512" in row.profile and "cpu.twin" not in row.profile):
+        return False
+    return any(key.startswith(("cpu.", "mca.")) for key in row.profile)
 
 
 
