@@ -16,15 +16,18 @@ if ! ls .whl/apache_tvm_ffi-*cp312*.whl > /dev/null 2>&1; then
     apache-tvm-ffi==0.1.14.post0 "xgboost-cpu==$XGBOOST" psutil cloudpickle
 fi
 # TVM's package without its compiler library: TVM's runtime alone (enough for python -m tunecore.measure.batch)
-[ -f .gpu/tvm-runtime.tar.xz ] || tar -C "$SITE" --exclude tvm/lib/libtvm_compiler.so --exclude __pycache__ \
-  -cJf .gpu/tvm-runtime.tar.xz tvm
+# (each file is written under another name and renamed when whole: a stopped run leaves nothing that looks done)
+[ -f .gpu/tvm-runtime.tar.xz ] || { tar -C "$SITE" --exclude tvm/lib/libtvm_compiler.so --exclude __pycache__ \
+  -cJf .gpu/tvm-runtime.tar.xz.part tvm && mv .gpu/tvm-runtime.tar.xz.part .gpu/tvm-runtime.tar.xz; }
 # the compiler library, xz, in parts of at most 31 MiB
 if [ ! -f .gpu/compiler.xz.count ]; then
+  rm -f .gpu/compiler.xz.[0-9]*
   xz -T2 -6 -c "$SITE/tvm/lib/libtvm_compiler.so" | split -b 31M -d -a 1 - .gpu/compiler.xz.
-  ls .gpu/compiler.xz.[0-9]* | wc -l > .gpu/compiler.xz.count
+  ls .gpu/compiler.xz.[0-9]* | wc -l > .gpu/compiler.xz.count.part && mv .gpu/compiler.xz.count.part .gpu/compiler.xz.count
 fi
 # tunecore's and its plugins' entry points
-[ -f .gpu/dist-info.tar ] || tar -C "$SITE" -cf .gpu/dist-info.tar $(cd "$SITE" && ls -d tunecore*.dist-info)
+[ -f .gpu/dist-info.tar ] || { tar -C "$SITE" -cf .gpu/dist-info.tar.part $(cd "$SITE" && ls -d tunecore*.dist-info) \
+  && mv .gpu/dist-info.tar.part .gpu/dist-info.tar; }
 du -b .whl .gpu/* | sort -k2
 echo "carry in the first call: [\".whl\", \".gpu/tvm-runtime.tar.xz\", \".gpu/dist-info.tar\", \".gpu/compiler.xz.count\", \".gpu/compiler.xz.0\"]"
 for part in $(ls .gpu/compiler.xz.[0-9]* | tail -n +2); do echo "carry in a next call: [\"$part\"]"; done

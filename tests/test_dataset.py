@@ -467,8 +467,11 @@ def test_a_stop_file_ends_a_collection_as_its_time_limit_would(tmp_path, monkeyp
     from tunecore.dataset.collect import STOP, CollectPlan, collect
 
     path = str(tmp_path / "d.parquet")
-    collect(path, CollectPlan(["op:matmul-64"], per_task=8, random_fraction=1, measurer="half-noisy", anchors=0),
-            registry=_half_noisy_registry())  # a dataset to take anchors from
+    open(path + STOP, "w").close()
+    os.utime(path + STOP, (0, 0))  # left from an earlier run: it does not stop this one
+    first = collect(path, CollectPlan(["op:matmul-64"], per_task=8, random_fraction=1, measurer="half-noisy",
+                                      anchors=0), registry=_half_noisy_registry())  # a dataset to take anchors from
+    assert first["devices"][0]["stopped"] is None and not os.path.exists(path + STOP)
     measure = _HalfNoisy.measure
 
     def measure_then_stop(self, task, candidates, calls=[]):  # noqa: B006 (the calls of this test)

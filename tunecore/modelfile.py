@@ -91,5 +91,10 @@ def save_checkpoint(path: str, kind: str, settings: dict[str, Any], step: int, s
     import os
 
     partial = f"{path}.{os.getpid()}.partial"  # a stop while writing leaves the last whole checkpoint
-    save_model_torch(partial, f"{kind}-checkpoint", 1, {"settings": settings, "step": step}, state)
-    os.replace(partial, path)
+    try:
+        save_model_torch(partial, f"{kind}-checkpoint", 1, {"settings": settings, "step": step}, state)
+        os.replace(partial, path)
+    except BaseException:
+        if os.path.exists(partial):
+            os.remove(partial)
+        raise

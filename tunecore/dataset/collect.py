@@ -83,7 +83,7 @@ def collect(path: str, plan: CollectPlan, *, registry: Any = None,
         _check_installed(registry, "cost_model", plan.cost_model, "--cost-model")
     dataset = Dataset.open(path)
     workloads = [load_workload(spec) for spec in plan.models]
-    started = time.time()
+    started = _start(path)
     report: dict[str, Any] = {"dataset": path, "devices": []}
     for spec in plan.targets or [protocol.one_thread_target()]:
         target = resolve_target(spec)
@@ -197,7 +197,7 @@ def remeasure(path: str, target_spec: str | None = None, *, per_task: int | None
         return chosen
 
     chosen = None if second_labels else programs(source_device)
-    started = time.time()
+    started = _start(path)
     with _measurer(registry, plan, target, path) as measurer:
         device = measurer.device()
         device_id = dataset.add_device(device)
@@ -403,6 +403,13 @@ def _anchor_progress(on_progress: Callable[[Progress], None] | None, label: str)
         if on_progress:
             on_progress(Progress(f"measuring on {label}, anchors", done, total, task_name))
     return report
+
+
+def _start(path: str) -> float:
+    """A run's start time, once a stop file left from an earlier run is gone (it is not for this one)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(path + STOP)
+    return time.time()
 
 
 def _check_limits(plan: CollectPlan, started: float, measured: int, path: str) -> None:

@@ -215,6 +215,8 @@ def test_train_command_reports_held_out_error_and_predict_uses_its_weights(slice
     from tunecore.dataset.split import split
 
     weights = str(tmp_path / "m.pt")
+    with open(weights + ".ckpt", "w") as f:  # another run's leftover: not a checkpoint it can resume
+        f.write("not a checkpoint")
     report = cli_json(run_cli("cdmpp", "train", "--dataset", slice_path, "--split", "workload:zoo:bert-tiny",
                               "--epochs", "3", "--rank-weight", "0.5", "-o", weights, "--json"))
     # what the slice holds: bert-tiny's tasks are held out, every other task's measurements are trained on
@@ -235,7 +237,7 @@ def test_train_command_reports_held_out_error_and_predict_uses_its_weights(slice
     assert trained_on == {"dataset": slice_path, "split": "workload:zoo:bert-tiny", "programs": len(train_rows),
                           "devices": per_device, "workloads": workloads, "epochs": 3, "rank_weight": 0.5,
                           "max_spread": None, "min_programs": None}
-    assert not os.path.exists(weights + ".ckpt")  # training's checkpoint goes once the weights are written
+    assert not os.path.exists(weights + ".ckpt")  # the checkpoint goes once the weights are written
     model = CDMPPModel(weights=weights)
     assert model.predictor.trained and model.predictor.trained_on == trained_on
     # fine-tuning it (online, or adapting it to a device) keeps the loss it was trained with, unless told

@@ -80,7 +80,9 @@ def _train(args: argparse.Namespace) -> int:
         report = model.learn([(t, c, r) for t, c, r, _ in train], on_progress=on_progress,
                              checkpoint=(args.out + CHECKPOINT, settings))
     if not report["programs"]:
-        raise UsageError(f"{args.dataset}: no programs to train on (none ran, or on devices cdmpp cannot describe)")
+        filters = " or none passed --max-spread/--min-programs" if args.max_spread or args.min_programs else ""
+        raise UsageError(f"{args.dataset}: no programs to train on (none ran, or on devices cdmpp cannot describe"
+                         f"{filters})")
     workloads = sorted({w for r in train_rows for w in dataset.tasks[r.task_key].workloads})
     model.predictor.trained_on = {"dataset": args.dataset, "split": args.split, "programs": report["programs"],
                                   "devices": report["devices"], "workloads": workloads, "epochs": args.epochs,

@@ -34,6 +34,9 @@ from tunecore.interfaces import (
 from tunecore_cdmpp_predictor.features import CompactAST, CompactASTs
 
 _MIN_STEPS = 200
+# passes over new data when a trained model learns from it; ``epochs`` is for training from scratch, whose default
+# rose from 30 to 150 with bench/results/cdmpp_data.md, which measured training from scratch only
+_FINETUNE_EPOCHS = 30
 SHIPPED_WEIGHTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "weights", "cdmpp-cpu.pt")
 
 
@@ -184,13 +187,14 @@ class CDMPPModel(CostModel):
         whose data this model trained the shared network on (a run or a dataset it learned from scratch)
         trains the shared network further; new data on any other device (weights from a file, a device
         never seen) fine-tunes that device's adapter only. Half of every fine-tuning batch is new data.
-        ``steps`` None: ``epochs`` passes over what it learns from."""
+        ``steps`` None: ``epochs`` passes over what it learns from (from scratch), _FINETUNE_EPOCHS over the new
+        data (trained)."""
         if not self.predictor.trained:
             self.own_devices = {key[2] for key in self.pool}
             # a first round of a few dozen programs still needs a few hundred steps to learn anything
             steps = steps or max(_MIN_STEPS, self.epochs * math.ceil(len(self.pool) / self.batch_size))
             return self._fit(list(self.pool), steps, None, (), on_progress, checkpoint)
-        steps = steps or max(self.online_steps, self.epochs * math.ceil(len(added) / self.batch_size))
+        steps = steps or max(self.online_steps, _FINETUNE_EPOCHS * math.ceil(len(added) / self.batch_size))
         loss = math.nan
         new_devices = {key[2] for key in added}
         if new_devices & self.own_devices:

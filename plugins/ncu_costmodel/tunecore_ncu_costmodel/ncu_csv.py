@@ -71,6 +71,13 @@ class KernelProfile:
     metrics: dict[str, float]  # metric name -> value in base units; a metric ncu gave as "n/a" is absent
 
 
+# how every profile is asked for: the raw page as CSV in base units, over the study's metrics; and the GPU's clocks
+# left as they are (ncu locks them to base by default, a change to the machine's settings that a lent GPU forbids;
+# timings are taken outside ncu anyway, and counters such as bytes and instructions do not depend on the clock)
+COMMAND = ("--csv", "--page", "raw", "--print-units", "base", "--clock-control", "none",
+           "--metrics", ",".join(STUDY_METRICS))
+
+
 def check_tool() -> str:
     """The path of ``ncu``, or one line saying how to get it."""
     path = shutil.which("ncu")

@@ -73,8 +73,7 @@ class NcuProfiler(_Sampling):
         ncu_csv.check_tool()
 
     def metrics(self, task: Task, artifact: Artifact) -> dict[str, float]:
-        command = [ncu_csv.check_tool(), "--csv", "--page", "raw", "--print-units", "base",
-                   "--metrics", ",".join(ncu_csv.STUDY_METRICS), sys.executable, "-m",
+        command = [ncu_csv.check_tool(), *ncu_csv.COMMAND, sys.executable, "-m",
                    "tunecore_ncu_costmodel.run_cuda", artifact.path, json.dumps(artifact.arguments(task))]
         done = subprocess.run(command, capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
@@ -250,8 +249,7 @@ def profile_batch(directory: str, *, limit: int | None = None, chunk: int = 200,
         ids_file = os.path.join(directory, "profile-ids.json")
         with open(ids_file, "w") as f:
             json.dump(ids, f)
-        command = [tool, "--csv", "--page", "raw", "--print-units", "base", "--metrics",
-                   ",".join(ncu_csv.STUDY_METRICS), sys.executable, "-m", "tunecore.measure.batch", directory,
+        command = [tool, *ncu_csv.COMMAND, sys.executable, "-m", "tunecore.measure.batch", directory,
                    "--call-once", ids_file]
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
         # ncu's own output, kept for a re-reading; named by the chunk's first program (a chunk of other programs has
