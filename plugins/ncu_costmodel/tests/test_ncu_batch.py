@@ -62,7 +62,9 @@ def test_a_resumed_profiling_keeps_every_chunks_ncu_output(tmp_path, monkeypatch
                      "--out", str(batch), "--json"))
     fake = tmp_path / "bin" / "ncu"
     fake.parent.mkdir()
-    fake.write_text(f'#!/bin/sh\nshift 7\n"$@" > /dev/null 2>&1\nsed -n 4,6p "{FIXTURE}"\n')
+    from tunecore_ncu_costmodel.ncu_csv import COMMAND  # ncu's own arguments, before the profiled command
+
+    fake.write_text(f'#!/bin/sh\nshift {len(COMMAND)}\n"$@" > /dev/null 2>&1\nsed -n 4,6p "{FIXTURE}"\n')
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
     first, second = (profile_batch(str(batch), limit=1, chunk=1) for _ in range(2))
