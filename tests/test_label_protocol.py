@@ -140,6 +140,15 @@ def test_a_collection_run_measures_its_anchors_at_start_and_end_and_keeps_the_dr
     assert merged.anchors == dataset.anchors and len(merged.collections) == 1
 
 
+def test_anchors_that_fail_at_a_runs_end_keep_their_error():
+    dataset = _dataset(tasks=1)
+    script = {k: v + [None] for k, v in _latencies_times(1.0).items()}
+    run = protocol.CollectionRun(dataset, D1, protocol.LabelMeasurer(_Scripted(script)), LLVM, anchors=4, seed=0,
+                                 command="collect")
+    assert run.finish({"measured": 0}) == {"anchors": 0, "drift": None}
+    assert dataset.collections[-1]["anchor_errors"] == {"end": {"failed": 4, "first": "run: failed"}}
+
+
 def test_a_run_on_a_dataset_too_small_for_its_anchors_measures_none():
     dataset = _dataset(tasks=1)
     inner = _Scripted({})

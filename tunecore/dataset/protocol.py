@@ -181,9 +181,10 @@ def choose_anchors(dataset: Any, kind: str, count: int = ANCHORS, seed: int = 0)
 
 
 def measure_anchors(dataset: Any, anchors: list[list[str]], measurer: Any, target_json: str,
-                    on_progress: Callable[[str, int, int], None] | None = None) -> list[float | None]:
+                    on_progress: Callable[[str, int, int], None] | None = None,
+                    errors: list[str] | None = None) -> list[float | None]:
     """Latency in seconds of each anchor on the measurer's device, in the anchors' order (None: failed, or
-    not in the dataset)."""
+    not in the dataset); the failures' errors are appended to ``errors``."""
     from tunecore.data import Candidate
 
     rows = {}
@@ -201,6 +202,8 @@ def measure_anchors(dataset: Any, anchors: list[list[str]], measurer: Any, targe
         results = measurer.measure(task, [Candidate(task, r.trace, r.program_key, r.origin) for r in chosen])
         for i, result in zip(positions, results):
             out[i] = result.latency
+            if result.latency is None and errors is not None:
+                errors.append(result.error or "no latency")
         done += len(positions)
         if on_progress:
             on_progress(task.name, done, len(anchors))
@@ -242,7 +245,7 @@ class CollectionRun:
                                       "protocol": {"max_spread": getattr(measurer, "max_spread", None)},
                                       "anchors_start": [], "anchors_end": []}
         if self.anchors():
-            self.entry["anchors_start"] = self._measure()
+            self.entry["anchors_start"] = self._measure("start")
 
     def anchors(self) -> list[list[str]]:
         """The dataset's anchor set: chosen once, when the dataset first holds enough programs, and kept in
@@ -253,13 +256,19 @@ class CollectionRun:
                 self.dataset.anchors = chosen
         return self.dataset.anchors if self.count else []
 
-    def _measure(self) -> list[float | None]:
-        return measure_anchors(self.dataset, self.anchors(), self.measurer, self.target_json, self.on_progress)
+    def _measure(self, when: str) -> list[float | None]:
+        """The anchors' latencies; how many failed, and the first error, kept in the entry (``anchor_errors``)."""
+        errors: list[str] = []
+        latencies = measure_anchors(self.dataset, self.anchors(), self.measurer, self.target_json, self.on_progress,
+                                    errors)
+        if errors:
+            self.entry.setdefault("anchor_errors", {})[when] = {"failed": len(errors), "first": errors[0][:500]}
+        return latencies
 
     def finish(self, report: dict[str, Any]) -> dict[str, Any]:
         """Measure the anchors again, store the run; returns the run's drift summary."""
         if self.anchors():
-            self.entry["anchors_end"] = self._measure()
+            self.entry["anchors_end"] = self._measure("end")
         self.entry.update(ended_at=time.time(), report=report,
                           drift=drift(self.entry["anchors_start"], self.entry["anchors_end"]))
         self.dataset.collections.append(self.entry)
