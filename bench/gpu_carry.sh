@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Makes, from this checkout's .venv, what bench/gpu_device.sh installs on the lent GPU machine (Python 3.12, no
-# package registry, no TVM): run it here once (about 3 minutes: xz of TVM's 259 MB compiler library), then carry
+# package registry, no TVM): run it here once (about a minute on 2 cores: xz of TVM's 259 MB compiler library), then carry
 # the paths it prints with the device calls (each call takes at most 64 MiB; the compiler's parts may come in the
 # next calls to the same warm machine). Idempotent: what exists is kept; `rm -r .whl .gpu` to make it again.
 set -euo pipefail
