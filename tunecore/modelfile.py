@@ -10,6 +10,7 @@ of another kind or version, a file of another program and a missing file are a U
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 from tunecore.errors import UsageError
@@ -76,8 +77,6 @@ CHECKPOINT = ".ckpt"
 def load_checkpoint(path: str, kind: str, settings: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
     """(steps done, state) a run with the same ``settings`` saved at ``path``; None if there is none, or another
     run's, or one cut short while it was written (training then starts over)."""
-    import os
-
     if not os.path.exists(path):
         return None
     try:
@@ -88,8 +87,6 @@ def load_checkpoint(path: str, kind: str, settings: dict[str, Any]) -> tuple[int
 
 
 def save_checkpoint(path: str, kind: str, settings: dict[str, Any], step: int, state: dict[str, Any]) -> None:
-    import os
-
     partial = f"{path}.{os.getpid()}.partial"  # a stop while writing leaves the last whole checkpoint
     try:
         save_model_torch(partial, f"{kind}-checkpoint", 1, {"settings": settings, "step": step}, state)

@@ -174,11 +174,13 @@ def profile_dataset(path: str, *, limit: int, per_task: int | None = None, workl
                     _failed(row, counts)
                     continue
                 device = dataset.devices.get(row.device_id, {})
+                twin_path = None  # no twin wanted; "" when it did not build
+                if twin_artifact is not None:
+                    twin_path = twin_artifact.path if isinstance(twin_artifact, Artifact) else ""
                 future = workers.submit(
                     cpu.profile_library, artifact.path, artifact.arguments(dataset.tasks[row.task_key]),
                     threads=cores, mcpu=mcpu, caches=cpu.cache_geometry(device.get("l1_bytes"), device.get("l2_bytes")),
-                    timeout=timeout, twin=None if twin_artifact is None else
-                    twin_artifact.path if isinstance(twin_artifact, Artifact) else "")
+                    timeout=timeout, twin=twin_path)
                 futures[future] = row, artifact, twin_artifact
             for future in concurrent.futures.as_completed(futures):
                 row, artifact, twin_artifact = futures[future]
@@ -218,7 +220,8 @@ def _failed(row: Any, counts: dict[str, int]) -> None:
 
 
 def _profiled(row: Any) -> bool:
-    """A profile this version would make again: none, one made warm, or AVX-512 code's from before twins."""
+    """Whether the row has a profile this version keeps: any but one made warm, or AVX-512 code's from before
+    twins (those are made again)."""
     if row.profile.get("cpu.warm") == 1.0 or ("cpu.avx512" in row.profile and "cpu.twin" not in row.profile):
         return False
     return any(key.startswith(("cpu.", "mca.")) for key in row.profile)
