@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from tunecore import hookimpl
+from tunecore.builtin.random_search import RandomSearch
 from tunecore.data import MeasureResult
 from tunecore.dataset.evaluate import evaluate, ranking_metrics
 from tunecore.dataset.protocol import is_usable
@@ -438,10 +439,20 @@ class _HalfNoisy(Measurer):
                 for c in candidates]
 
 
+class _GuidedStandIn(RandomSearch):
+    """Uniform samples under another name: a guided search's share of a collection, told apart by ``collected_by``."""
+
+    name = "guided-stand-in"
+
+
 class _HalfNoisyPlugin:
     @hookimpl
     def tunecore_register_measurers(self, register):
         register(_HalfNoisy)
+
+    @hookimpl
+    def tunecore_register_search_policies(self, register):
+        register(_GuidedStandIn)
 
 
 def _half_noisy_registry() -> Registry:
@@ -460,6 +471,27 @@ def test_collect_replaces_programs_whose_timings_stay_noisy(tmp_path):
     rows = Dataset.load(path).rows
     noisy = [r for r in rows if NOISY in r.profile]
     assert sum(map(is_usable, rows)) == 6 and noisy and len(rows) == 6 + len(noisy)
+
+
+def test_noisy_programs_are_replaced_by_their_own_kind_so_the_random_guided_mix_holds(tmp_path, monkeypatch):
+    """Only random programs are noisy here: the guided search must not fill the places they leave."""
+    from tunecore.dataset.collect import CollectPlan, collect
+
+    measure = _HalfNoisy.measure
+
+    def noisy_if_random(self, task, candidates):
+        results = measure(self, task, candidates)
+        return [r if c.origin == "random" else MeasureResult(run_secs=[1e-3] * 5) for c, r in zip(candidates, results)]
+
+    monkeypatch.setattr(_HalfNoisy, "measure", noisy_if_random)
+    path = str(tmp_path / "d.parquet")
+    plan = CollectPlan(["op:matmul-64"], per_task=8, search="guided-stand-in", cost_model="none",
+                       measurer="half-noisy", anchors=0)
+    collect(path, plan, registry=_half_noisy_registry())
+    rows = Dataset.load(path).rows
+    usable = [r for r in rows if is_usable(r)]
+    assert len(rows) > len(usable)  # some of either kind were noisy, and replaced
+    assert sorted(r.collected_by for r in usable) == ["guided-stand-in"] * 4 + ["random"] * 4
 
 
 def test_a_stop_file_ends_a_collection_as_its_time_limit_would(tmp_path, monkeypatch):

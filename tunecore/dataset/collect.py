@@ -268,16 +268,17 @@ def _remeasure_task(dataset: Dataset, task: Any, rows: list[Measurement], device
 def _collect_task(dataset: Dataset, task: Any, device_id: str, plan: CollectPlan, registry: Any, measurer: Any,
                   counts: _Counts, n_random: int, guided: bool, exhausted: list[str], done: dict[str, int],
                   on_round: Callable[[str, int, int], None]) -> None:
-    """One pass over a task's phases: its random share, then the guided search, each measuring what is missing."""
+    """One pass over a task's phases: its random share, then the guided search, each measuring what is missing
+    of its own share, so that a noisy program is replaced by one of its own kind and the mix holds."""
     key = task.workload_hash
     phases = [(RANDOM, n_random - counts.by(key, RANDOM))] if n_random else []
     if guided:
-        phases.append((plan.search, None))
+        phases.append((plan.search, plan.per_task - n_random - counts.by(key, plan.search)))
     for search, wanted in phases:
         left = plan.per_task - counts.total(key)
         if plan.max_programs is not None:
             left = min(left, plan.max_programs - done["measured"])
-        trials = left if wanted is None else min(left, wanted)
+        trials = min(left, wanted)
         if trials > 0:
             stopped = _tune_one(dataset, task, device_id, search, trials, plan, registry, measurer, on_round)
             # the tuner's reason when uniform sampling finds no new program (not "every candidate failed"): the

@@ -240,18 +240,21 @@ class TestXgbIsACostModel(CostModelConformance):
 
 
 def test_dataset_collect_mixes_random_and_guided_programs(tmp_path):
-    """`tunecore dataset collect` by default: half of each task's programs at random, half by ansor + xgb."""
+    """`tunecore dataset collect` by default: half of each task's usable programs at random, half by ansor + xgb;
+    a program whose timings stay noisy (a loaded machine) is kept, flagged, and replaced by one of its own kind."""
+    from tunecore.dataset import protocol
     from tunecore.dataset.table import Dataset
     from tunecore.testing.cli import cli_json, run_cli
 
     path = tmp_path / "d.parquet"
     report = cli_json(run_cli("dataset", "collect", "--model", "op:matmul-64", "--per-task", "12", "--out", str(path),
                               "--json"))
-    assert report["devices"][0]["measured"] == 12
     rows = Dataset.load(str(path)).rows
-    assert sorted(r.collected_by for r in rows) == ["ansor"] * 6 + ["random"] * 6
+    assert report["devices"][0]["measured"] == len(rows) >= 12
+    usable = [r for r in rows if protocol.is_usable(r)]
+    assert sorted(r.collected_by for r in usable) == ["ansor"] * 6 + ["random"] * 6
     assert all(r.origin.startswith("ansor:") for r in rows if r.collected_by == "ansor")
-    assert len({r.program_key for r in rows}) == 12
+    assert len({r.program_key for r in rows}) == len(rows)
 
 
 def test_xgb_ranks_held_out_bert_tiny_on_a_slice_of_the_shipped_dataset():
