@@ -50,6 +50,23 @@ def test_a_segfaulting_kernel_is_a_failed_result(measurer, target, matmul_task):
     assert after.error is None and after.latency > 0
 
 
+def test_a_runner_worker_is_replaced_after_its_runs_and_measuring_goes_on(target, matmul_task, monkeypatch):
+    """Every library a worker loads stays mapped until it exits: a long collection ran out of memory maps."""
+    from tunecore.measure import local, worker
+
+    monkeypatch.setattr(local, "RUNS_PER_WORKER", 3)
+    measurer = LocalMeasurer(target, screen=0)
+    try:
+        pids = set()
+        for candidate in _candidates(matmul_task, 4):
+            (result,) = measurer.measure(matmul_task, [candidate])
+            assert result.error is None and result.latency > 0
+            pids.add(measurer.runner.pool.submit(worker.ping).result())
+        assert len(pids) >= 2  # 4 runs and 4 pings: a worker serves 3 calls
+    finally:
+        measurer.close()
+
+
 def test_timeouts_are_failed_results_and_the_pool_recovers(target):
     from tunecore.testing import tiny_task
 

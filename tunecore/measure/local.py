@@ -59,17 +59,24 @@ def import_tvm_without_torch() -> None:
         del sys.modules["torch"]
 
 
-class _WarmPool:
-    """Worker processes for a target, started at once (while the tuner prepares its tasks) and kept for the run."""
+# A library a runner loads stays mapped until its process ends (TVM never unloads it: 5 memory maps each, measured),
+# and Linux gives a process at most vm.max_map_count (65,530) maps: a collection failed every run after ~12,000
+# programs in one worker. Runner workers are therefore replaced after this many calls (a fresh one imports TVM, ~1 s).
+RUNS_PER_WORKER = 2000
 
-    def __init__(self, workers: int, timeout: float, target_json: str):
+
+class _WarmPool:
+    """Worker processes for a target, started at once (while the tuner prepares its tasks) and kept for the run
+    (a worker for at most ``uses`` calls, if given: then a fresh one takes its place)."""
+
+    def __init__(self, workers: int, timeout: float, target_json: str, uses: int | None = None):
         from tvm.support.popen_pool import PopenPoolExecutor
 
         keep_torch_out()
         self.timeout = timeout
         self.executor = PopenPoolExecutor(workers, timeout=timeout, initializer=worker.init_worker,
-                                          initargs=(target_json,), stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.DEVNULL)
+                                          initargs=(target_json,), maximum_process_uses=uses,
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.warmup = [self.executor.submit(worker.ping) for _ in range(workers)]
 
     def ready(self) -> None:
@@ -230,15 +237,15 @@ class LocalRunner(Runner, Screen, OutputCheck):
         Screen.__init__(self, screen)
         OutputCheck.__init__(self, check, check_sample)
         self.directory = tempfile.mkdtemp(prefix="tunecore-references-")
-        self.pool = _WarmPool(1, run_timeout, self.target_json)
+        self.pool = _WarmPool(1, run_timeout, self.target_json, uses=RUNS_PER_WORKER)
         self.reference_timeout = reference_timeout
         # A GPU task's reference is its unscheduled program built and run on the host CPU (the target's host), on
         # the same seeded inputs: a check that shares neither the CUDA code generator nor the GPU with what it checks.
         self.reference_on_host = target.kind.name not in ("llvm", "c")
         self.reference_target_json = (target_to_json(target.host or host_target()) if self.reference_on_host
                                       else self.target_json)
-        self.reference_pool = (_WarmPool(1, reference_timeout, self.reference_target_json) if check != "none"
-                               else None)
+        self.reference_pool = (_WarmPool(1, reference_timeout, self.reference_target_json, uses=RUNS_PER_WORKER)
+                               if check != "none" else None)
 
     @classmethod
     def unsupported_reason(cls, target: Any) -> str | None:
