@@ -355,8 +355,10 @@ def small_dataset(tmp_path_factory) -> str:
 
 
 def test_profile_command_adds_metrics_to_rows_and_resumes(small_dataset):
-    first = cli_json(run_cli("ncu", "profile", "--dataset", small_dataset, "--limit", "3", "--json"))
+    started = run_cli("ncu", "profile", "--dataset", small_dataset, "--limit", "3", "--json")
+    first = cli_json(started)
     assert first["profiled"] + first["failed"] == 3 and first["rows_with_profile"] == 3
+    assert "profiling: 3/3" in started.stderr  # a log file (nohup ... &) says where the job stands
     second = cli_json(run_cli("ncu", "profile", "--dataset", small_dataset, "--limit", "100", "--per-task", "4",
                               "--json"))
     assert second["rows_with_profile"] == 8  # 4 per task: the 3 before counted, none profiled twice

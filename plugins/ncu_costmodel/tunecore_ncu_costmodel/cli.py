@@ -45,7 +45,7 @@ def cmd_ncu(args: argparse.Namespace) -> int:
     if args.ncu_command == "profile-batch":
         if not os.path.exists(os.path.join(args.directory, "manifest.json")):
             raise UsageError(f"{args.directory}: not a batch directory (no manifest.json)")
-        with render.tracker(transient=True) as on_progress:
+        with render.tracker() as on_progress:
             out = profile_batch(args.directory, limit=args.limit, chunk=args.chunk, on_progress=on_progress)
         render.fields(out, args.json)
         return 0
@@ -53,7 +53,7 @@ def cmd_ncu(args: argparse.Namespace) -> int:
     if not os.path.exists(args.dataset):
         raise UsageError(f"--dataset {args.dataset}: no such file")
     workloads, devices = args.workloads, args.devices or []
-    with render.tracker(transient=True) as on_progress:
+    with render.tracker() as on_progress:
         out = profile_dataset(args.dataset, limit=args.limit, per_task=args.per_task, workloads=workloads,
                               devices=devices, max_latency=args.max_latency, timeout=args.timeout, seed=args.seed,
                               on_progress=on_progress)
