@@ -24,7 +24,7 @@ def add_commands(register: Any) -> None:
                               "`llvm` for all its cores)")
     collect.add_argument("--per-task", type=count(1), required=True,
                          help="programs per task on each device: clean or failed ones (a program whose timings stay "
-                              "noisy is flagged, kept, and replaced by another)")
+                              "noisy is flagged, kept, and replaced by another of its kind, random or guided)")
     collect.add_argument("--out", "-o", required=True, help="dataset file (.parquet); extended if it exists")
     collect.add_argument("--random-fraction", type=number(0, 1), default=0.5,
                          help="share of each task's programs sampled uniformly; the rest come from --search "
