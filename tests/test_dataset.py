@@ -494,6 +494,17 @@ def test_noisy_programs_are_replaced_by_their_own_kind_so_the_random_guided_mix_
     assert sorted(r.collected_by for r in usable) == ["guided-stand-in"] * 4 + ["random"] * 4
 
 
+def test_collect_with_search_random_takes_every_program_at_random(tmp_path):
+    from tunecore.dataset.collect import CollectPlan, collect
+
+    path = str(tmp_path / "d.parquet")
+    collect(path, CollectPlan(["op:matmul-64"], per_task=6, search="random", cost_model="none", measurer="half-noisy",
+                              anchors=0),
+            registry=_half_noisy_registry())
+    usable = [r for r in Dataset.load(path).rows if is_usable(r)]
+    assert [r.collected_by for r in usable] == ["random"] * 6
+
+
 def test_a_stop_file_ends_a_collection_as_its_time_limit_would(tmp_path, monkeypatch):
     """`touch DATASET.stop`: the run stops after its batch, measures its end anchors and keeps its drift."""
     from tunecore.dataset.collect import STOP, CollectPlan, collect

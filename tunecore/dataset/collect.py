@@ -77,7 +77,7 @@ def collect(path: str, plan: CollectPlan, *, registry: Any = None,
 
     _check_plan(plan)
     registry = registry or Registry.shared()
-    guided = plan.random_fraction < 1
+    guided = plan.random_fraction < 1 and plan.search != RANDOM  # `--search random`: the whole share is random
     if guided:
         _check_installed(registry, "search", plan.search, "--search")
         _check_installed(registry, "cost_model", plan.cost_model, "--cost-model")
@@ -96,7 +96,7 @@ def collect(path: str, plan: CollectPlan, *, registry: Any = None,
             device = measurer.device()
             device_id = dataset.add_device(device)
             counts = _Counts(dataset, device_id)
-            n_random = round(plan.per_task * plan.random_fraction)
+            n_random = round(plan.per_task * plan.random_fraction) if guided else plan.per_task
             exhausted = dataset.exhausted.setdefault(device_id, [])
             needs = {key: 0 if key in exhausted else max(0, plan.per_task - counts.total(key)) for key in tasks}
             total = sum(needs.values()) if plan.max_programs is None else min(plan.max_programs, sum(needs.values()))
