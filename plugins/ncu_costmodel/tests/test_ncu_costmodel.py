@@ -408,6 +408,15 @@ def test_avx512_programs_get_their_twins_callgrind_counts(tmp_path):
     assert all(r.profile["cpu.twin"] == 1.0 and r.profile["cpu.instructions"] > 0 and r.profile["mca.ipc"] > 0
                for r in rows)
     assert any(r.profile.get("cpu.avx512") == 1.0 for r in rows)
+    # a row counted by its own code (an earlier version, code without AVX-512) is made again, by its twin
+    data = Dataset.load(path)
+    data.rows[0].profile = {"cpu.instructions": 1.0, "mca.ipc": 1.0}
+    data.save(path)
+    again = cli_json(run_cli("ncu", "profile", "--dataset", path, "--limit", "4", "--json"))
+    assert again["profiled"] == 1 and Dataset.load(path).rows[0].profile["cpu.twin"] == 1.0, again
+    # a program whose twin did not build cannot be counted like its task's others: it fails
+    with pytest.raises(RuntimeError, match="twin"):
+        cpu.profile_library(_build(tmp_path, "x86-64-v3")[1], [], threads=1, mcpu="znver4", twin="")
     assert json.loads(cpu.twin_target('{"kind": "llvm", "mcpu": "x86-64", "mattr": ["+avx512f", "+fma"]}'))[
         "mattr"] == ["+fma", "-avx512f"]
     # what the disassembly alone misses: EVEX code on xmm/ymm registers 0-15 (AVX-512VL), seen in the bytes

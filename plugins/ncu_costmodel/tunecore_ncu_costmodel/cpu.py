@@ -17,14 +17,13 @@ gets only the llvm-mca metrics and ``cpu.avx512 = 1``; its callgrind metrics are
 programs' schedules are at hand (``tunecore ncu profile``), every program of a device with AVX-512 has its
 **twin** counted instead, whether its own code uses AVX-512 or not, so that a task's programs are counted alike:
 the same schedule built for the nearest CPU of the target's line without AVX-512 (``twin_target``: znver3 for
-znver4 and znver5), whose callgrind counts (``cpu.twin = 1``; 0 when the twin could not be counted) stand for the
+znver4 and znver5), whose callgrind counts (``cpu.twin = 1``; a twin that cannot be counted fails the row) stand for the
 program's: the same loops, tiles and memory traffic, each 512-bit vector operation done as two 256-bit ones.
 llvm-mca still reads the program's own code.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import json
@@ -286,7 +285,7 @@ def profile_library(library: str, args_info: Sequence, *, threads: int, mcpu: st
     only made the counts tell fast programs from slow ones by how they were profiled. ``caches`` is
     ``cache_geometry``'s answer for the device (this machine's by default). ``twin``: the library of the same
     schedule built for ``twin_target``, whose callgrind counts are taken instead of the kernel's own ('' when it
-    did not build: no counts, ``cpu.twin = 0``)."""
+    did not build: the kernel cannot be profiled like its task's other programs, so it raises)."""
     started = time.perf_counter()
     instructions = disassemble(library)
     avx512 = uses_avx512(instructions) or evex_encoded(library)
@@ -297,11 +296,10 @@ def profile_library(library: str, args_info: Sequence, *, threads: int, mcpu: st
     if twin is None and not avx512:
         metrics.update(callgrind(library, entry, threads, args_info, caches=caches, timeout=timeout))
     elif twin is not None:
-        metrics["cpu.twin"] = 0.0  # until its twin is counted; a twin that fails leaves the mca metrics alone
-        with contextlib.suppress(RuntimeError, OSError, subprocess.TimeoutExpired):
-            if twin:
-                metrics.update(callgrind(twin, entry, threads, args_info, caches=caches, timeout=timeout))
-                metrics["cpu.twin"] = 1.0
+        if not twin:
+            raise RuntimeError("its twin (the schedule built without AVX-512) did not build")
+        metrics.update(callgrind(twin, entry, threads, args_info, caches=caches, timeout=timeout))
+        metrics["cpu.twin"] = 1.0
     metrics["cpu.profile_secs"] = time.perf_counter() - started
     return metrics
 

@@ -130,23 +130,26 @@ def profile_dataset(path: str, *, limit: int, per_task: int | None = None, workl
         if here[target] is None:
             continue
         rows = [r for r in rows if (r.device_id in chosen if chosen else r.device_id == here[target])]
-        done = sum(_profiled(r) for r in rows)
-        todo = [rows[i] for i in rng.permutation(len(rows))
-                if not _profiled(rows[i]) and rows[i].latency is not None and rows[i].latency <= max_latency]
+        done = sum(_profiled(r, _by_twin(dataset, r)) for r in rows)
+        todo = [rows[i] for i in rng.permutation(len(rows)) if not _profiled(rows[i], _by_twin(dataset, rows[i]))
+                and rows[i].latency is not None and rows[i].latency <= max_latency]
         if per_task is not None:
             todo = todo[:max(0, per_task - done)]
         if todo:
             queues.append(todo)
     order = [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)][:limit]
     if not order:
-        return {"profiled": 0, "failed": 0, "total": 0, "rows_with_profile": sum(map(_profiled, dataset.rows)),
+        return {"profiled": 0, "failed": 0, "total": 0,
+                "rows_with_profile": sum(_profiled(r, _by_twin(dataset, r)) for r in dataset.rows),
                 "seconds": 0.0}
 
     started = saved = time.perf_counter()
     counts = {"profiled": 0, "failed": 0, "total": len(order)}
     batch = max(2, 4 * (os.cpu_count() or 1))
-    batches = [rows[i:i + batch] for target in dict.fromkeys(r.target for r in order)
-               for rows in [[r for r in order if r.target == target]] for i in range(0, len(rows), batch)]
+    kinds = dict.fromkeys((r.target, _by_twin(dataset, r)) for r in order)  # a batch: one target, twins or not
+    batches = [rows[i:i + batch] for kind in kinds
+               for rows in [[r for r in order if (r.target, _by_twin(dataset, r)) == kind]]
+               for i in range(0, len(rows), batch)]
     builders: dict[str, LocalBuilder] = {}
     workers = concurrent.futures.ThreadPoolExecutor(max(1, os.cpu_count() or 1))
     try:
@@ -164,7 +167,7 @@ def profile_dataset(path: str, *, limit: int, per_task: int | None = None, workl
                     _failed(row, counts)
             # a device with AVX-512: callgrind counts every program's twin (cpu.twin_target), whatever its own code
             twins = [None] * len(mods)
-            if mods and dataset.devices.get(rows[0].device_id, {}).get("vector_bits") == 512:
+            if mods and _by_twin(dataset, rows[0]):
                 twin = cpu.twin_target(target)
                 twin_builder = builders.get(twin) or builders.setdefault(twin, LocalBuilder(target_from_json(twin)))
                 twins = twin_builder.build(mods)
@@ -205,7 +208,7 @@ def profile_dataset(path: str, *, limit: int, per_task: int | None = None, workl
         workers.shutdown(wait=True, cancel_futures=True)  # after Ctrl-C, only the profiles under way finish
         for builder in builders.values():
             builder.close()
-    return dict(counts, rows_with_profile=sum(map(_profiled, dataset.rows)),
+    return dict(counts, rows_with_profile=sum(_profiled(r, _by_twin(dataset, r)) for r in dataset.rows),
                 seconds=round(time.perf_counter() - started, 1))
 
 
@@ -219,12 +222,23 @@ def _failed(row: Any, counts: dict[str, int]) -> None:
     counts["failed"] += 1
 
 
-def _profiled(row: Any) -> bool:
-    """Whether the row has a profile this version keeps: any but one made warm, or AVX-512 code's from before
-    twins (those are made again)."""
-    if row.profile.get("cpu.warm") == 1.0 or ("cpu.avx512" in row.profile and "cpu.twin" not in row.profile):
+def _profiled(row: Any, by_twin: bool) -> bool:
+    """Whether the row has a profile this version keeps (a failure included): not one made warm, nor AVX-512 code's
+    from before twins, nor, on a device whose programs are counted by their twins (``by_twin``), one that was not
+    (those are made again)."""
+    profile = row.profile
+    if "cpu.failed" in profile:
+        return True
+    if profile.get("cpu.warm") == 1.0 or ("cpu.avx512" in profile and "cpu.twin" not in profile):
         return False
-    return any(key.startswith(("cpu.", "mca.")) for key in row.profile)
+    if by_twin and profile.get("cpu.twin") != 1.0:
+        return False
+    return any(key.startswith(("cpu.", "mca.")) for key in profile)
+
+
+def _by_twin(dataset: Any, row: Any) -> bool:
+    """Whether the row's device runs AVX-512, so that its programs are counted by their twins."""
+    return dataset.devices.get(row.device_id, {}).get("vector_bits") == 512
 
 
 
