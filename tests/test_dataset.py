@@ -505,6 +505,20 @@ def test_collect_with_search_random_takes_every_program_at_random(tmp_path):
     assert [r.collected_by for r in usable] == ["random"] * 6
 
 
+def test_a_dataset_being_changed_is_not_changed_by_a_second_command(tmp_path):
+    """Each writer saves the whole file: a second collect (or profile, import, export) would drop the first's rows."""
+    from tunecore.dataset.table import changing
+
+    path = str(tmp_path / "d.parquet")
+    args = ("dataset", "collect", "--model", "op:matmul-64", "--per-task", "2", "--random-fraction", "1",
+            "--anchors", "0", "--out", path, "--json")
+    with changing(path):
+        assert_one_line_exit_2(run_cli(*args), "is being changed by another command", f"pid {os.getpid()}")
+        assert not os.path.exists(path)
+    assert cli_json(run_cli(*args))["devices"][0]["measured"] >= 2  # free again once the holder ends
+    assert sorted(os.listdir(tmp_path)) == ["d.parquet", "d.parquet.lock"]
+
+
 def test_a_stop_file_ends_a_collection_as_its_time_limit_would(tmp_path, monkeypatch):
     """`touch DATASET.stop`: the run stops after its batch, measures its end anchors and keeps its drift."""
     from tunecore.dataset.collect import STOP, CollectPlan, collect

@@ -215,7 +215,7 @@ def _drift_cell(summary: dict[str, Any] | None) -> str:
 
 def _export(args: argparse.Namespace) -> int:
     from tunecore import api
-    from tunecore.dataset.table import Dataset
+    from tunecore.dataset.table import Dataset, changing
 
     _check_suffix(args.out)
     store = api.open_store(args.store, create=False)
@@ -223,11 +223,12 @@ def _export(args: argparse.Namespace) -> int:
         dataset, unknown = Dataset.from_store(store, args.model)
     finally:
         store.close()
-    if os.path.exists(args.out):
-        existing = Dataset.load(args.out)
-        existing.merge(dataset)
-        dataset = existing
-    dataset.save(args.out)
+    with changing(args.out):
+        if os.path.exists(args.out):
+            existing = Dataset.load(args.out)
+            existing.merge(dataset)
+            dataset = existing
+        dataset.save(args.out)
     print(f"{args.out}: {len(dataset.rows)} measurements"
           + (f"; left out {unknown} records that do not say which device measured them" if unknown else ""))
     return 0
@@ -248,13 +249,14 @@ def _import(args: argparse.Namespace) -> int:
 
 
 def _merge(args: argparse.Namespace) -> int:
-    from tunecore.dataset.table import Dataset
+    from tunecore.dataset.table import Dataset, changing
 
     _check_suffix(args.out)
     merged = Dataset()
-    for path in args.datasets:
-        merged.merge(Dataset.load(path))
-    merged.save(args.out)
+    with changing(args.out):
+        for path in args.datasets:
+            merged.merge(Dataset.load(path))
+        merged.save(args.out)
     print(f"{args.out}: {len(merged.rows)} measurements, {len(merged.devices)} devices")
     return 0
 

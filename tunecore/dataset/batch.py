@@ -77,7 +77,7 @@ def import_batch(directory: str, dataset_path: str) -> dict[str, Any]:
     """Put a batch's results into a dataset (created if missing): one row per program, failures included, on
     the device the results name; programs not timed yet are left out (import again after timing them)."""
     from tunecore.dataset import protocol
-    from tunecore.dataset.table import Dataset, DatasetTask, Measurement
+    from tunecore.dataset.table import Dataset, DatasetTask, Measurement, changing
 
     with open(os.path.join(directory, MANIFEST)) as f:
         manifest = json.load(f)
@@ -88,30 +88,31 @@ def import_batch(directory: str, dataset_path: str) -> dict[str, Any]:
     device = {**done["device"], "arch": manifest["target"].get("arch", "")}
     profiles_path = os.path.join(directory, PROFILES)
     profiles = json.load(open(profiles_path)) if os.path.exists(profiles_path) else {}
-    dataset = Dataset.open(dataset_path)
-    device_id = dataset.add_device(device)
-    counts = {"added": 0, "failed": 0, "not_timed": 0}
-    for program in manifest["programs"]:
-        task = dataset.add_task(DatasetTask(**manifest["tasks"][program["task"]]["task"]))
-        if "build_error" in program:
-            result = {"run_secs": None, "error": program["build_error"]}
-        else:
-            result = done["results"].get(program["id"])
-            if result is None:
-                counts["not_timed"] += 1
-                continue
-        profile = {protocol.ATTEMPTS: float(result.get("attempts", 1))}
-        if result.get("noisy"):
-            profile[protocol.NOISY] = 1.0
-        profile.update(profiles.get(program["id"], {}))
-        if result.get("max_relative_error") is not None:
-            from tunecore.check import CHECKED
+    with changing(dataset_path):
+        dataset = Dataset.open(dataset_path)
+        device_id = dataset.add_device(device)
+        counts = {"added": 0, "failed": 0, "not_timed": 0}
+        for program in manifest["programs"]:
+            task = dataset.add_task(DatasetTask(**manifest["tasks"][program["task"]]["task"]))
+            if "build_error" in program:
+                result = {"run_secs": None, "error": program["build_error"]}
+            else:
+                result = done["results"].get(program["id"])
+                if result is None:
+                    counts["not_timed"] += 1
+                    continue
+            profile = {protocol.ATTEMPTS: float(result.get("attempts", 1))}
+            if result.get("noisy"):
+                profile[protocol.NOISY] = 1.0
+            profile.update(profiles.get(program["id"], {}))
+            if result.get("max_relative_error") is not None:
+                from tunecore.check import CHECKED
 
-            profile[CHECKED] = result["max_relative_error"]
-        row = Measurement(task.key, program["key"], program["trace"], device_id, target_json, result["run_secs"],
-                          result["error"], program.get("build_secs", 0.0), profile, program["origin"], "random")
-        if dataset.add(row):
-            counts["added"] += 1
-            counts["failed"] += row.error is not None
-    dataset.save(dataset_path)
-    return {**counts, "device_id": device_id}
+                profile[CHECKED] = result["max_relative_error"]
+            row = Measurement(task.key, program["key"], program["trace"], device_id, target_json, result["run_secs"],
+                              result["error"], program.get("build_secs", 0.0), profile, program["origin"], "random")
+            if dataset.add(row):
+                counts["added"] += 1
+                counts["failed"] += row.error is not None
+        dataset.save(dataset_path)
+        return {**counts, "device_id": device_id}

@@ -27,7 +27,7 @@ from typing import Any, Callable, Collection, Iterator
 
 from tunecore.dataset import protocol
 from tunecore.dataset.protocol import CollectionRun, LabelMeasurer
-from tunecore.dataset.table import Dataset, Measurement, describe_device
+from tunecore.dataset.table import Dataset, Measurement, changing, describe_device
 from tunecore.errors import UsageError
 from tunecore.progress import Progress
 from tunecore.workloads import has_kernel
@@ -81,69 +81,72 @@ def collect(path: str, plan: CollectPlan, *, registry: Any = None,
     if guided:
         _check_installed(registry, "search", plan.search, "--search")
         _check_installed(registry, "cost_model", plan.cost_model, "--cost-model")
-    dataset = Dataset.open(path)
-    workloads = [load_workload(spec) for spec in plan.models]
-    started = _start(path)
-    report: dict[str, Any] = {"dataset": path, "devices": []}
-    for spec in plan.targets or [protocol.one_thread_target()]:
-        target = resolve_target(spec)
-        tasks = {}
-        for workload in workloads:
-            for task in filter(plan.wants, extract_tasks(workload, target)):
-                dataset.add_task(task)
-                tasks.setdefault(task.workload_hash, task)
-        with _measurer(registry, plan, target, path) as measurer:
-            device = measurer.device()
-            device_id = dataset.add_device(device)
-            counts = _Counts(dataset, device_id)
-            n_random = round(plan.per_task * plan.random_fraction) if guided else plan.per_task
-            exhausted = dataset.exhausted.setdefault(device_id, [])
-            needs = {key: 0 if key in exhausted else max(0, plan.per_task - counts.total(key)) for key in tasks}
-            total = sum(needs.values()) if plan.max_programs is None else min(plan.max_programs, sum(needs.values()))
-            done = {"measured": 0, "failed": 0}
-            label = describe_device(device)
-            entry = {"device_id": device_id, "device": label, "tasks": len(tasks), "measured": 0, "failed": 0,
-                     "stopped": None}
-            report["devices"].append(entry)
+    with changing(path):
+        dataset = Dataset.open(path)
+        workloads = [load_workload(spec) for spec in plan.models]
+        started = _start(path)
+        report: dict[str, Any] = {"dataset": path, "devices": []}
+        for spec in plan.targets or [protocol.one_thread_target()]:
+            target = resolve_target(spec)
+            tasks = {}
+            for workload in workloads:
+                for task in filter(plan.wants, extract_tasks(workload, target)):
+                    dataset.add_task(task)
+                    tasks.setdefault(task.workload_hash, task)
+            with _measurer(registry, plan, target, path) as measurer:
+                device = measurer.device()
+                device_id = dataset.add_device(device)
+                counts = _Counts(dataset, device_id)
+                n_random = round(plan.per_task * plan.random_fraction) if guided else plan.per_task
+                exhausted = dataset.exhausted.setdefault(device_id, [])
+                needs = {key: 0 if key in exhausted else max(0, plan.per_task - counts.total(key)) for key in tasks}
+                total = sum(needs.values())
+                total = total if plan.max_programs is None else min(plan.max_programs, total)
+                done = {"measured": 0, "failed": 0}
+                label = describe_device(device)
+                entry = {"device_id": device_id, "device": label, "tasks": len(tasks), "measured": 0, "failed": 0,
+                         "stopped": None}
+                report["devices"].append(entry)
 
-            def on_round(task_name: str, new: int, failed: int) -> None:
-                done["measured"] += new
-                done["failed"] += failed
-                if on_progress:
-                    on_progress(Progress(f"measuring on {label}", done["measured"], total, task_name, done["failed"]))
-                _check_limits(plan, started, done["measured"], path)
+                def on_round(task_name: str, new: int, failed: int) -> None:
+                    done["measured"] += new
+                    done["failed"] += failed
+                    if on_progress:
+                        on_progress(Progress(f"measuring on {label}", done["measured"], total, task_name,
+                                             done["failed"]))
+                    _check_limits(plan, started, done["measured"], path)
 
-            saver = _Saver(dataset, path)
-            run = CollectionRun(dataset, device_id, measurer, target_to_json(target), plan.anchors, plan.seed,
-                                "collect", _anchor_progress(on_progress, label))
-            try:
+                saver = _Saver(dataset, path)
+                run = CollectionRun(dataset, device_id, measurer, target_to_json(target), plan.anchors, plan.seed,
+                                    "collect", _anchor_progress(on_progress, label))
                 try:
-                    for key in _first_what_no_device_has(dataset, tasks, device_id, plan.per_task):
-                        task = tasks[key]
-                        # rounds until the task has its usable programs: a noisy one is replaced by another
-                        while needs[key] and key not in exhausted:
-                            rows_before = len(dataset.rows_of(key, device_id))
-                            _collect_task(dataset, task, device_id, plan, registry, measurer, counts, n_random,
-                                          guided, exhausted, done, on_round)
-                            saver.save(at_most_every=60)
-                            if (counts.total(key) >= plan.per_task
-                                    or len(dataset.rows_of(key, device_id)) == rows_before):
-                                break
-                except _Stop as stop:
-                    entry["stopped"] = str(stop)
-                except BaseException:
-                    run.interrupted({**entry, "measured": done["measured"], "failed": done["failed"],
-                                     "stopped": "interrupted"})
-                    raise
-                entry.update(measured=done["measured"], failed=done["failed"])
-                entry.update(run.finish(dict(entry)))
-            finally:
-                saver.save()
-            if entry["stopped"]:
-                break
-    report["elapsed_s"] = round(time.time() - started, 1)
-    report["info"] = {k: v for k, v in dataset.info().items() if k in ("rows", "measured", "programs", "tasks")}
-    return report
+                    try:
+                        for key in _first_what_no_device_has(dataset, tasks, device_id, plan.per_task):
+                            task = tasks[key]
+                            # rounds until the task has its usable programs: a noisy one is replaced by another
+                            while needs[key] and key not in exhausted:
+                                rows_before = len(dataset.rows_of(key, device_id))
+                                _collect_task(dataset, task, device_id, plan, registry, measurer, counts, n_random,
+                                              guided, exhausted, done, on_round)
+                                saver.save(at_most_every=60)
+                                if (counts.total(key) >= plan.per_task
+                                        or len(dataset.rows_of(key, device_id)) == rows_before):
+                                    break
+                    except _Stop as stop:
+                        entry["stopped"] = str(stop)
+                    except BaseException:
+                        run.interrupted({**entry, "measured": done["measured"], "failed": done["failed"],
+                                         "stopped": "interrupted"})
+                        raise
+                    entry.update(measured=done["measured"], failed=done["failed"])
+                    entry.update(run.finish(dict(entry)))
+                finally:
+                    saver.save()
+                if entry["stopped"]:
+                    break
+        report["elapsed_s"] = round(time.time() - started, 1)
+        report["info"] = {k: v for k, v in dataset.info().items() if k in ("rows", "measured", "programs", "tasks")}
+        return report
 
 
 def remeasure(path: str, target_spec: str | None = None, *, per_task: int | None = None,
@@ -173,69 +176,70 @@ def remeasure(path: str, target_spec: str | None = None, *, per_task: int | None
     from tunecore.tvmjson import target_to_json
 
     registry = registry or Registry.shared()
-    dataset = Dataset.load(path)
-    if source_device is not None:
-        from tunecore.dataset.split import device_of
+    with changing(path):
+        dataset = Dataset.load(path)
+        if source_device is not None:
+            from tunecore.dataset.split import device_of
 
-        source_device = device_of(dataset, source_device)
-    if second_labels and (again_before is not None or source_device is not None):
-        raise UsageError("--second-labels measures this device's own programs again: not with --again-before "
-                         "or --from-device")
-    target = resolve_target(target_spec or protocol.one_thread_target())
-    target_json = target_to_json(target)
-    kind = target.kind.name
-    plan = CollectPlan([], measurer=measurer_name, options=options or {}, time_limit=time_limit,
-                       max_spread=max_spread, anchors=anchors)
-    _check_protocol(plan)
+            source_device = device_of(dataset, source_device)
+        if second_labels and (again_before is not None or source_device is not None):
+            raise UsageError("--second-labels measures this device's own programs again: not with --again-before "
+                             "or --from-device")
+        target = resolve_target(target_spec or protocol.one_thread_target())
+        target_json = target_to_json(target)
+        kind = target.kind.name
+        plan = CollectPlan([], measurer=measurer_name, options=options or {}, time_limit=time_limit,
+                           max_spread=max_spread, anchors=anchors)
+        _check_protocol(plan)
 
-    def programs(source: str | None) -> dict[str, list[Measurement]]:
-        chosen = _programs_to_remeasure(dataset, kind, per_task, source, seed)
-        chosen = {key: rows for key, rows in chosen.items() if task_keys is None or key in task_keys}
-        if not chosen:
-            raise UsageError(f"{path}: no successfully measured {kind} programs to remeasure"
-                             + (" on this device" if second_labels else ""))
-        return chosen
+        def programs(source: str | None) -> dict[str, list[Measurement]]:
+            chosen = _programs_to_remeasure(dataset, kind, per_task, source, seed)
+            chosen = {key: rows for key, rows in chosen.items() if task_keys is None or key in task_keys}
+            if not chosen:
+                raise UsageError(f"{path}: no successfully measured {kind} programs to remeasure"
+                                 + (" on this device" if second_labels else ""))
+            return chosen
 
-    chosen = None if second_labels else programs(source_device)
-    started = _start(path)
-    with _measurer(registry, plan, target, path) as measurer:
-        device = measurer.device()
-        device_id = dataset.add_device(device)
-        chosen = chosen or programs(device_id)
+        chosen = None if second_labels else programs(source_device)
+        started = _start(path)
+        with _measurer(registry, plan, target, path) as measurer:
+            device = measurer.device()
+            device_id = dataset.add_device(device)
+            chosen = chosen or programs(device_id)
 
-        def wanted(key: str, program_key: str) -> bool:
-            known = dataset.row(key, program_key, device_id)
-            if second_labels:
-                return not {protocol.SECOND_LABEL, protocol.SECOND_FAILED} & known.profile.keys()
-            return known is None or (again_before is not None and known.measured_at < again_before)
+            def wanted(key: str, program_key: str) -> bool:
+                known = dataset.row(key, program_key, device_id)
+                if second_labels:
+                    return not {protocol.SECOND_LABEL, protocol.SECOND_FAILED} & known.profile.keys()
+                return known is None or (again_before is not None and known.measured_at < again_before)
 
-        todo = {key: [r for r in rows if wanted(key, r.program_key)] for key, rows in chosen.items()}
-        total = sum(map(len, todo.values()))
-        label = describe_device(device)
-        done = {"measured": 0, "failed": 0}
-        saver = _Saver(dataset, path)
-        run = CollectionRun(dataset, device_id, measurer, target_json, anchors, seed, "remeasure",
-                         _anchor_progress(on_progress, label))
-        report = {"dataset": path, "device_id": device_id, "device": label, "stopped": None}
-        try:
+            todo = {key: [r for r in rows if wanted(key, r.program_key)] for key, rows in chosen.items()}
+            total = sum(map(len, todo.values()))
+            label = describe_device(device)
+            done = {"measured": 0, "failed": 0}
+            saver = _Saver(dataset, path)
+            run = CollectionRun(dataset, device_id, measurer, target_json, anchors, seed, "remeasure",
+                             _anchor_progress(on_progress, label))
+            report = {"dataset": path, "device_id": device_id, "device": label, "stopped": None}
             try:
-                for key, rows in todo.items():
-                    _remeasure_task(dataset, dataset.tasks[key].for_target(target_json), rows, device_id, measurer,
-                                    "second" if second_labels else "replace" if again_before else "add", done,
-                                    total, label, on_progress)
-                    _check_limits(plan, started, done["measured"], path)
-                    saver.save(at_most_every=60)
-            except _Stop as stop:
-                report["stopped"] = str(stop)
-            except BaseException:
-                run.interrupted({**report, **done, "left": total - done["measured"], "stopped": "interrupted"})
-                raise
-            report.update(done, left=total - done["measured"])
-            report.update(run.finish(dict(report)))
-        finally:
-            saver.save()
-    report["elapsed_s"] = round(time.time() - started, 1)
-    return report
+                try:
+                    for key, rows in todo.items():
+                        _remeasure_task(dataset, dataset.tasks[key].for_target(target_json), rows, device_id, measurer,
+                                        "second" if second_labels else "replace" if again_before else "add", done,
+                                        total, label, on_progress)
+                        _check_limits(plan, started, done["measured"], path)
+                        saver.save(at_most_every=60)
+                except _Stop as stop:
+                    report["stopped"] = str(stop)
+                except BaseException:
+                    run.interrupted({**report, **done, "left": total - done["measured"], "stopped": "interrupted"})
+                    raise
+                report.update(done, left=total - done["measured"])
+                report.update(run.finish(dict(report)))
+            finally:
+                saver.save()
+        report["elapsed_s"] = round(time.time() - started, 1)
+        return report
 
 
 def _remeasure_task(dataset: Dataset, task: Any, rows: list[Measurement], device_id: str, measurer: Any,

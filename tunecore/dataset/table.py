@@ -16,12 +16,13 @@ with their weights in ``workloads`` (JSON), so splits can keep shared kernels on
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import os
 import statistics
 import time
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from tunecore.data import spread
 from tunecore.errors import UsageError
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 FORMAT = "tunecore-dataset"
 FORMAT_VERSION = 1
 SUFFIX = ".parquet"
+LOCK = ".lock"  # beside the dataset file, while a command changes it (``changing``)
 
 
 @dataclasses.dataclass
@@ -309,7 +311,7 @@ class Dataset:
                     "anchors": json.dumps(self.anchors), "collections": json.dumps(self.collections),
                     "exhausted": json.dumps(self.exhausted, sort_keys=True)}
         table = pa.table(arrays).replace_schema_metadata(metadata)
-        temporary = f"{path}.writing"
+        temporary = f"{path}.writing.{os.getpid()}"
         pq.write_table(table, temporary, compression="zstd", compression_level=9, row_group_size=1 << 16,
                        use_dictionary=list(_SHARED_COLUMNS) + ["device_id", "target", "origin", "collected_by"],
                        dictionary_pagesize_limit=1 << 26)
@@ -359,6 +361,32 @@ class Dataset:
             store.finish_run(run_id, {"status": "finished", "trials_measured": len(rows)})
             added += sum(store.counts(task_ids).values()) - before
         return added
+
+
+@contextlib.contextmanager
+def changing(path: str) -> Iterator[None]:
+    """Held by a command that loads a dataset file, changes it and saves it (collect, remeasure, ncu profile,
+    import-batch) for as long as it runs: a second one on the same file would save over the first one's rows
+    (each writes the whole file), so it is refused with one line naming the process that holds the file."""
+    import fcntl
+
+    try:
+        lock = open(path + LOCK, "a+")
+    except OSError as error:
+        raise UsageError(f"cannot write {path}: {error.strerror}") from None
+    with lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "?"
+            raise UsageError(f"{path} is being changed by another command (pid {holder}): let it end, or stop it "
+                             "first") from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(str(os.getpid()))
+        lock.flush()
+        yield
 
 
 def describe_device(description: dict[str, Any]) -> str:

@@ -104,112 +104,113 @@ def profile_dataset(path: str, *, limit: int, per_task: int | None = None, workl
     import numpy as np
     import tvm
 
-    from tunecore.dataset import Dataset, device_of
+    from tunecore.dataset import Dataset, changing, device_of
     from tunecore.interfaces import Candidate, LocalBuilder, UsageError, target_from_json
     from tunecore.targets import device_descriptor, device_id
 
     cpu.check_tools()
-    dataset = Dataset.load(path)
-    unknown = [w for w in workloads if not any(w in t.workloads for t in dataset.tasks.values())]
-    if unknown:
-        raise UsageError(f"no workload {unknown[0]} in {path}")
-    chosen = {device_of(dataset, d) for d in devices}
-    by_task: dict[tuple[str, str], list] = collections.defaultdict(list)
-    for row in dataset.rows:
-        task = dataset.tasks[row.task_key]
-        if workloads and not any(w in task.workloads for w in workloads):
-            continue
-        by_task[row.task_key, row.target].append(row)
-    rng = np.random.default_rng(seed)
-    here: dict[str, str | None] = {}
-    queues = []
-    for (task_key, target), rows in sorted(by_task.items()):
-        if target not in here:  # the device this machine is for that target
-            tvm_target = target_from_json(target)
-            here[target] = device_id(device_descriptor(tvm_target)) if tvm_target.kind.name == "llvm" else None
-        if here[target] is None:
-            continue
-        rows = [r for r in rows if (r.device_id in chosen if chosen else r.device_id == here[target])]
-        done = sum(_profiled(r, _by_twin(dataset, r)) for r in rows)
-        todo = [rows[i] for i in rng.permutation(len(rows)) if not _profiled(rows[i], _by_twin(dataset, rows[i]))
-                and rows[i].latency is not None and rows[i].latency <= max_latency]
-        if per_task is not None:
-            todo = todo[:max(0, per_task - done)]
-        if todo:
-            queues.append(todo)
-    order = [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)][:limit]
-    if not order:
-        return {"profiled": 0, "failed": 0, "total": 0,
-                "rows_with_profile": sum(_profiled(r, _by_twin(dataset, r)) for r in dataset.rows),
-                "seconds": 0.0}
+    with changing(path):
+        dataset = Dataset.load(path)
+        unknown = [w for w in workloads if not any(w in t.workloads for t in dataset.tasks.values())]
+        if unknown:
+            raise UsageError(f"no workload {unknown[0]} in {path}")
+        chosen = {device_of(dataset, d) for d in devices}
+        by_task: dict[tuple[str, str], list] = collections.defaultdict(list)
+        for row in dataset.rows:
+            task = dataset.tasks[row.task_key]
+            if workloads and not any(w in task.workloads for w in workloads):
+                continue
+            by_task[row.task_key, row.target].append(row)
+        rng = np.random.default_rng(seed)
+        here: dict[str, str | None] = {}
+        queues = []
+        for (task_key, target), rows in sorted(by_task.items()):
+            if target not in here:  # the device this machine is for that target
+                tvm_target = target_from_json(target)
+                here[target] = device_id(device_descriptor(tvm_target)) if tvm_target.kind.name == "llvm" else None
+            if here[target] is None:
+                continue
+            rows = [r for r in rows if (r.device_id in chosen if chosen else r.device_id == here[target])]
+            done = sum(_profiled(r, _by_twin(dataset, r)) for r in rows)
+            todo = [rows[i] for i in rng.permutation(len(rows)) if not _profiled(rows[i], _by_twin(dataset, rows[i]))
+                    and rows[i].latency is not None and rows[i].latency <= max_latency]
+            if per_task is not None:
+                todo = todo[:max(0, per_task - done)]
+            if todo:
+                queues.append(todo)
+        order = [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)][:limit]
+        if not order:
+            return {"profiled": 0, "failed": 0, "total": 0,
+                    "rows_with_profile": sum(_profiled(r, _by_twin(dataset, r)) for r in dataset.rows),
+                    "seconds": 0.0}
 
-    started = saved = time.perf_counter()
-    counts = {"profiled": 0, "failed": 0, "total": len(order)}
-    batch = max(2, 4 * (os.cpu_count() or 1))
-    kinds = dict.fromkeys((r.target, _by_twin(dataset, r)) for r in order)  # a batch: one target, twins or not
-    batches = [rows[i:i + batch] for kind in kinds
-               for rows in [[r for r in order if (r.target, _by_twin(dataset, r)) == kind]]
-               for i in range(0, len(rows), batch)]
-    builders: dict[str, LocalBuilder] = {}
-    workers = concurrent.futures.ThreadPoolExecutor(max(1, os.cpu_count() or 1))
-    try:
-        for rows in batches:
-            target = rows[0].target
-            cores, mcpu = cpu.target_facts(target)
-            builder = builders.get(target) or builders.setdefault(target, LocalBuilder(target_from_json(target)))
-            mods, built = [], []
-            for row in rows:
-                try:
-                    task = dataset.tasks[row.task_key].for_target(target)
-                    mods.append(tvm.ir.save_json(Candidate(task, row.trace, row.program_key).mod))
-                    built.append(row)
-                except Exception:  # the trace does not replay
-                    _failed(row, counts)
-            # a device with AVX-512: callgrind counts every program's twin (cpu.twin_target), whatever its own code
-            twins = [None] * len(mods)
-            if mods and _by_twin(dataset, rows[0]):
-                twin = cpu.twin_target(target)
-                twin_builder = builders.get(twin) or builders.setdefault(twin, LocalBuilder(target_from_json(twin)))
-                twins = twin_builder.build(mods)
-            futures = {}
-            for row, artifact, twin_artifact in zip(built, builder.build(mods) if mods else [], twins):
-                if not isinstance(artifact, Artifact):
-                    _failed(row, counts)
-                    continue
-                device = dataset.devices.get(row.device_id, {})
-                twin_path = None  # no twin wanted; "" when it did not build
-                if twin_artifact is not None:
-                    twin_path = twin_artifact.path if isinstance(twin_artifact, Artifact) else ""
-                future = workers.submit(
-                    cpu.profile_library, artifact.path, artifact.arguments(dataset.tasks[row.task_key]),
-                    threads=cores, mcpu=mcpu, caches=cpu.cache_geometry(device.get("l1_bytes"), device.get("l2_bytes")),
-                    timeout=timeout, twin=twin_path)
-                futures[future] = row, artifact, twin_artifact
-            for future in concurrent.futures.as_completed(futures):
-                row, artifact, twin_artifact = futures[future]
-                try:
-                    metrics = future.result()
-                    _clear(row)
-                    row.profile.update(metrics)
-                    counts["profiled"] += 1
-                except Exception:
-                    _failed(row, counts)
-                builder.discard(artifact)
-                if isinstance(twin_artifact, Artifact):
-                    twin_builder.discard(twin_artifact)
-            if on_progress:
-                on_progress(Progress("profiling", counts["profiled"] + counts["failed"], counts["total"],
-                                     dataset.tasks[rows[-1].task_key].name, counts["failed"]))
-            if time.perf_counter() - saved > save_every:
-                dataset.save(path)
-                saved = time.perf_counter()
-    finally:
-        dataset.save(path)
-        workers.shutdown(wait=True, cancel_futures=True)  # after Ctrl-C, only the profiles under way finish
-        for builder in builders.values():
-            builder.close()
-    return dict(counts, rows_with_profile=sum(_profiled(r, _by_twin(dataset, r)) for r in dataset.rows),
-                seconds=round(time.perf_counter() - started, 1))
+        started = saved = time.perf_counter()
+        counts = {"profiled": 0, "failed": 0, "total": len(order)}
+        batch = max(2, 4 * (os.cpu_count() or 1))
+        kinds = dict.fromkeys((r.target, _by_twin(dataset, r)) for r in order)  # a batch: one target, twins or not
+        batches = [rows[i:i + batch] for kind in kinds
+                   for rows in [[r for r in order if (r.target, _by_twin(dataset, r)) == kind]]
+                   for i in range(0, len(rows), batch)]
+        builders: dict[str, LocalBuilder] = {}
+        workers = concurrent.futures.ThreadPoolExecutor(max(1, os.cpu_count() or 1))
+        try:
+            for rows in batches:
+                target = rows[0].target
+                cores, mcpu = cpu.target_facts(target)
+                builder = builders.get(target) or builders.setdefault(target, LocalBuilder(target_from_json(target)))
+                mods, built = [], []
+                for row in rows:
+                    try:
+                        task = dataset.tasks[row.task_key].for_target(target)
+                        mods.append(tvm.ir.save_json(Candidate(task, row.trace, row.program_key).mod))
+                        built.append(row)
+                    except Exception:  # the trace does not replay
+                        _failed(row, counts)
+                # a device with AVX-512: callgrind counts every program's twin (cpu.twin_target), whatever its own code
+                twins = [None] * len(mods)
+                if mods and _by_twin(dataset, rows[0]):
+                    twin = cpu.twin_target(target)
+                    twin_builder = builders.get(twin) or builders.setdefault(twin, LocalBuilder(target_from_json(twin)))
+                    twins = twin_builder.build(mods)
+                futures = {}
+                for row, artifact, twin_artifact in zip(built, builder.build(mods) if mods else [], twins):
+                    if not isinstance(artifact, Artifact):
+                        _failed(row, counts)
+                        continue
+                    device = dataset.devices.get(row.device_id, {})
+                    twin_path = None  # no twin wanted; "" when it did not build
+                    if twin_artifact is not None:
+                        twin_path = twin_artifact.path if isinstance(twin_artifact, Artifact) else ""
+                    caches = cpu.cache_geometry(device.get("l1_bytes"), device.get("l2_bytes"))
+                    future = workers.submit(
+                        cpu.profile_library, artifact.path, artifact.arguments(dataset.tasks[row.task_key]),
+                        threads=cores, mcpu=mcpu, caches=caches, timeout=timeout, twin=twin_path)
+                    futures[future] = row, artifact, twin_artifact
+                for future in concurrent.futures.as_completed(futures):
+                    row, artifact, twin_artifact = futures[future]
+                    try:
+                        metrics = future.result()
+                        _clear(row)
+                        row.profile.update(metrics)
+                        counts["profiled"] += 1
+                    except Exception:
+                        _failed(row, counts)
+                    builder.discard(artifact)
+                    if isinstance(twin_artifact, Artifact):
+                        twin_builder.discard(twin_artifact)
+                if on_progress:
+                    on_progress(Progress("profiling", counts["profiled"] + counts["failed"], counts["total"],
+                                         dataset.tasks[rows[-1].task_key].name, counts["failed"]))
+                if time.perf_counter() - saved > save_every:
+                    dataset.save(path)
+                    saved = time.perf_counter()
+        finally:
+            dataset.save(path)
+            workers.shutdown(wait=True, cancel_futures=True)  # after Ctrl-C, only the profiles under way finish
+            for builder in builders.values():
+                builder.close()
+        return dict(counts, rows_with_profile=sum(_profiled(r, _by_twin(dataset, r)) for r in dataset.rows),
+                    seconds=round(time.perf_counter() - started, 1))
 
 
 def _clear(row: Any) -> None:
