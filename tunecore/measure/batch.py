@@ -32,9 +32,12 @@ PROFILES = "profiles.json"  # program id -> profile metrics (a profiler's, e.g. 
 def write_manifest(directory: str, target_json: str, tasks: dict[str, dict], programs: list[dict]) -> None:
     """``tasks``: task key -> {"args": the task's argument infos, "weights": weight positions, "reference": the
     .npz of its outputs (a file name in ``directory``) or None}; ``programs``: {"id", "task", "library" (a file
-    name in ``directory``), "args": the library's argument infos, "packing"}."""
-    with open(os.path.join(directory, MANIFEST), "w") as f:
+    name in ``directory``), "args": the library's argument infos, "packing"}. Written whole or not at all: a
+    pipeline waits for the file to appear before it times the batch."""
+    path = os.path.join(directory, MANIFEST)
+    with open(path + ".tmp", "w") as f:
         json.dump({"target": json.loads(target_json), "tasks": tasks, "programs": programs}, f)
+    os.replace(path + ".tmp", path)
 
 
 def read_results(directory: str) -> dict[str, Any]:
