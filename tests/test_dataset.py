@@ -545,6 +545,28 @@ def test_a_stop_file_ends_a_collection_as_its_time_limit_would(tmp_path, monkeyp
     assert not run.get("interrupted") and run["drift"]["programs"] == 4
 
 
+def test_a_stop_file_ends_a_remeasure_after_its_batch_not_its_task(tmp_path, monkeypatch):
+    import time
+
+    from tunecore.dataset.collect import STOP, CollectPlan, collect, remeasure
+
+    path = str(tmp_path / "d.parquet")
+    collect(path, CollectPlan(["op:matmul-64"], per_task=80, random_fraction=1, measurer="half-noisy", anchors=0),
+            registry=_half_noisy_registry())
+    programs = len(Dataset.load(path).rows)
+    measure = _HalfNoisy.measure
+
+    def measure_then_stop(self, task, candidates):
+        open(path + STOP, "w").close()
+        return measure(self, task, candidates)
+
+    monkeypatch.setattr(_HalfNoisy, "measure", measure_then_stop)
+    report = remeasure(path, again_before=time.time(), measurer_name="half-noisy", anchors=0,
+                       registry=_half_noisy_registry())
+    assert report["stopped"] == f"{path + STOP} found"
+    assert 0 < report["measured"] < programs and report["left"] == programs - report["measured"]
+
+
 def test_kill_stops_a_collection_cleanly_with_what_it_measured_saved(tmp_path):
     """A background collection (`nohup ... &` ignores SIGINT) is stopped with `kill`: SIGTERM saves and exits 130."""
     import signal

@@ -226,8 +226,8 @@ def remeasure(path: str, target_spec: str | None = None, *, per_task: int | None
                     for key, rows in todo.items():
                         _remeasure_task(dataset, dataset.tasks[key].for_target(target_json), rows, device_id, measurer,
                                         "second" if second_labels else "replace" if again_before else "add", done,
-                                        total, label, on_progress)
-                        _check_limits(plan, started, done["measured"], path)
+                                        total, label, on_progress,
+                                        lambda: _check_limits(plan, started, done["measured"], path))
                         saver.save(at_most_every=60)
                 except _Stop as stop:
                     report["stopped"] = str(stop)
@@ -244,9 +244,9 @@ def remeasure(path: str, target_spec: str | None = None, *, per_task: int | None
 
 def _remeasure_task(dataset: Dataset, task: Any, rows: list[Measurement], device_id: str, measurer: Any,
                     mode: str, done: dict[str, int], total: int, label: str,
-                    on_progress: Callable[[Progress], None] | None) -> None:
+                    on_progress: Callable[[Progress], None] | None, check_limits: Callable[[], None]) -> None:
     """Measure ``rows``' programs on the device; ``mode``: add them as its rows, replace its rows, or keep the
-    latency as its rows' second label."""
+    latency as its rows' second label. ``check_limits`` after every batch (a task may hold hundreds)."""
     from tunecore.data import Candidate
 
     batch = 32 * measurer.capacity
@@ -267,6 +267,7 @@ def _remeasure_task(dataset: Dataset, task: Any, rows: list[Measurement], device
         done["failed"] += sum(r.latency is None for r in results)
         if on_progress:
             on_progress(Progress(f"measuring on {label}", done["measured"], total, task.name, done["failed"]))
+        check_limits()
 
 
 def _collect_task(dataset: Dataset, task: Any, device_id: str, plan: CollectPlan, registry: Any, measurer: Any,
