@@ -149,10 +149,8 @@ def test_training_stopped_resumes_from_its_checkpoint(shipped, tmp_path):
     os.remove(checkpoint)
     whole = Predictor(seed=0)
     fit(whole, 600)
-    def error(predictor: Predictor) -> float:
-        return float(np.mean(np.abs(predictor.predict(programs, devices) - latencies) / latencies))
-
-    assert error(resumed) < 1.5 * error(whole)
+    # stopped and resumed, the same weights as a run that was never stopped
+    assert all(torch.equal(a, b) for a, b in zip(resumed.net.state_dict().values(), whole.net.state_dict().values()))
 
 
 def test_weights_round_trip_without_pickle_and_refuse_other_files(shipped, tmp_path):

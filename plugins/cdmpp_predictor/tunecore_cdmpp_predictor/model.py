@@ -267,6 +267,9 @@ class Predictor:
         if checkpoint:
             data = hashlib.sha256(np.asarray(latencies, dtype=np.float64).tobytes())
             data.update(np.asarray(devices, dtype=np.float32).tobytes())
+            for program in programs:  # their features too: another tunecore may compute them otherwise
+                data.update(program.features.tobytes())
+                data.update(program.positions.tobytes())
             settings = {**(settings or {}), "steps": steps, "adapter": adapter, "batch_size": batch_size, "lr": lr,
                         "mse_weight": mse_weight, "rank_weight": rank_weight, "per_group": per_group, "seed": seed,
                         "weighted": sample_weights is not None, "data": data.hexdigest()}
@@ -276,7 +279,8 @@ class Predictor:
                 self.net.load_state_dict(state["net"])
                 optimizer.load_state_dict(state["optimizer"])
                 schedule.load_state_dict(state["schedule"])
-                rng = np.random.default_rng(seed + done)
+                rng.bit_generator.state = state["rng"]  # the batches an uninterrupted run would draw next
+                torch.set_rng_state(state["torch_rng"])
         self.net.train()
         loss_value = math.nan
         for step in range(done, steps):
@@ -304,7 +308,8 @@ class Predictor:
             if checkpoint and (step + 1) % CHECKPOINT_EVERY == 0 and step + 1 < steps:
                 save_checkpoint(checkpoint, "cdmpp", settings or {}, step + 1, {
                     "net": self.net.state_dict(), "optimizer": optimizer.state_dict(),
-                    "schedule": schedule.state_dict()})
+                    "schedule": schedule.state_dict(), "rng": rng.bit_generator.state,
+                    "torch_rng": torch.get_rng_state()})
         return loss_value
 
     def _embed(self, programs: Sequence[CompactAST], normalizer: Normalizer, batch_size: int = 1024) -> torch.Tensor:

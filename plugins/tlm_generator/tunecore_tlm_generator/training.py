@@ -137,12 +137,14 @@ def train(model: Any, examples: list, steps: int, *, batch_size: int, lr: float,
     factor = (lambda s: lm.warmup_cosine(s, steps)) if schedule == "cosine" else (lambda s: 1.0)
     settings = {**(settings or {}), "steps": steps, "batch_size": batch_size, "lr": lr}
     done = 0
+    rng = np.random.default_rng(seed)
     resumed = load_checkpoint(checkpoint, "tlm", settings) if checkpoint else None
     if resumed:
         done, state = resumed
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-    rng = np.random.default_rng(seed + done)
+        rng.bit_generator.state = state["rng"]  # the batches (and dropout) an uninterrupted run would have next
+        torch.set_rng_state(state["torch_rng"])
     loss = float("nan")
     while done < steps:
         chunk = min(CHECKPOINT_EVERY, steps - done)
@@ -157,7 +159,8 @@ def train(model: Any, examples: list, steps: int, *, batch_size: int, lr: float,
         done += chunk
         if checkpoint:
             save_checkpoint(checkpoint, "tlm", settings, done,
-                            {"model": model.state_dict(), "optimizer": optimizer.state_dict()})
+                            {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                             "rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state()})
     return loss
 
 
