@@ -131,8 +131,8 @@ def profile_dataset(path: str, *, limit: int, per_task: int | None = None, workl
             if here[target] is None:
                 continue
             rows = [r for r in rows if (r.device_id in chosen if chosen else r.device_id == here[target])]
-            done = sum(_profiled(r, _by_twin(dataset, r)) for r in rows)
-            todo = [rows[i] for i in rng.permutation(len(rows)) if not _profiled(rows[i], _by_twin(dataset, rows[i]))
+            done = sum(_profiled(dataset, r) for r in rows)
+            todo = [rows[i] for i in rng.permutation(len(rows)) if not _profiled(dataset, rows[i])
                     and rows[i].latency is not None and rows[i].latency <= max_latency]
             if per_task is not None:
                 todo = todo[:max(0, per_task - done)]
@@ -141,7 +141,7 @@ def profile_dataset(path: str, *, limit: int, per_task: int | None = None, workl
         order = [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)][:limit]
         if not order:
             return {"profiled": 0, "failed": 0, "total": 0,
-                    "rows_with_profile": sum(_profiled(r, _by_twin(dataset, r)) for r in dataset.rows),
+                    "rows_with_profile": sum(_profiled(dataset, r) for r in dataset.rows),
                     "seconds": 0.0}
 
         started = saved = time.perf_counter()
@@ -209,7 +209,7 @@ def profile_dataset(path: str, *, limit: int, per_task: int | None = None, workl
             workers.shutdown(wait=True, cancel_futures=True)  # after Ctrl-C, only the profiles under way finish
             for builder in builders.values():
                 builder.close()
-        return dict(counts, rows_with_profile=sum(_profiled(r, _by_twin(dataset, r)) for r in dataset.rows),
+        return dict(counts, rows_with_profile=sum(_profiled(dataset, r) for r in dataset.rows),
                     seconds=round(time.perf_counter() - started, 1))
 
 
@@ -223,16 +223,16 @@ def _failed(row: Any, counts: dict[str, int]) -> None:
     counts["failed"] += 1
 
 
-def _profiled(row: Any, by_twin: bool) -> bool:
+def _profiled(dataset: Any, row: Any) -> bool:
     """Whether the row has a profile this version keeps (a failure included): not one made warm, nor AVX-512 code's
-    from before twins, nor, on a device whose programs are counted by their twins (``by_twin``), one that was not
+    from before twins, nor, on a device whose programs are counted by their twins (``_by_twin``), one that was not
     (those are made again)."""
     profile = row.profile
     if "cpu.failed" in profile:
         return True
     if profile.get("cpu.warm") == 1.0 or ("cpu.avx512" in profile and "cpu.twin" not in profile):
         return False
-    if by_twin and profile.get("cpu.twin") != 1.0:
+    if _by_twin(dataset, row) and profile.get("cpu.twin") != 1.0:
         return False
     return any(key.startswith(("cpu.", "mca.")) for key in profile)
 
