@@ -175,3 +175,26 @@ def test_parts_are_chosen_by_option_and_options_go_to_the_part_that_takes_them(t
     single = LocalMeasurer(target, profilers="artifact-size", registry=registry)  # -O measurer.profilers=NAME
     single.close()
     assert [p.name for p in single.profilers] == ["artifact-size"]
+
+
+def test_a_call_overhead_above_the_call_does_not_multiply_the_calls(target, monkeypatch):
+    """An RPC session's round trips are timed apart from the first call; when they come out longer than it (a kernel
+    of microseconds, network jitter), a repeat still asks for about ``min_repeat_ms`` of calls (at most 4x),
+    not ``min_repeat_ms`` / 1e-7 of them (half a million: a 20 s timed-out result, the suite's flake over RPC)."""
+    import numpy as np
+    import tvm
+    from tvm.s_tir.meta_schedule.runner import utils
+
+    from tunecore.measure.worker import time_function
+    from tunecore.testing import tiny_task
+
+    task = tiny_task("matmul-16x64x64", target)
+    library = tvm.tirx.build(task.mod, target=target)
+    device = tvm.cpu(0)
+    args = [tvm.runtime.tensor(np.zeros([int(d) for d in shape], dtype), device) for _, dtype, shape in task.args]
+    per_call = library.time_evaluator(library.entry_name, device, number=200, repeat=3)(*args).min
+    asked = []
+    monkeypatch.setattr(utils, "run_evaluator_common", lambda module, dev, config, a: asked.append(config) or [per_call])
+    time_function(library, device, [args], dict(number=1, repeat=3, min_repeat_ms=50, enable_cpu_cache_flush=False),
+                  None, call_overhead=1.0)
+    assert asked[0].number * per_call < 4 * 0.05 * 1.5, (asked[0].number, per_call)
