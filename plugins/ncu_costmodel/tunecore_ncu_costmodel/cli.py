@@ -25,6 +25,8 @@ def add_commands(register: Any) -> None:
     profile.add_argument("--max-latency", type=number(1e-9), default=0.05,
                          help="skip rows slower than this many seconds (callgrind runs 150-300x slower; default 0.05)")
     profile.add_argument("--timeout", type=number(1e-9), default=120.0, help="seconds per row (default 120)")
+    profile.add_argument("--retry-failed", action="store_true",
+                         help="profile again the rows that failed before (after a fix of valgrind or the harness)")
     add_seed(profile, "the choice of rows")
     profile.add_argument("--json", action="store_true")
     batch = sub.add_parser("profile-batch", help="Nsight Compute metrics of a batch's programs (`tunecore dataset "
@@ -56,6 +58,6 @@ def cmd_ncu(args: argparse.Namespace) -> int:
     with render.tracker() as on_progress:
         out = profile_dataset(args.dataset, limit=args.limit, per_task=args.per_task, workloads=workloads,
                               devices=devices, max_latency=args.max_latency, timeout=args.timeout, seed=args.seed,
-                              on_progress=on_progress)
+                              retry_failed=args.retry_failed, on_progress=on_progress)
     render.fields(out, args.json)
     return 0

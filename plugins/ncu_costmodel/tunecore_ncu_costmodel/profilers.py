@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Any, Callable, Sequence
 
-from tunecore.interfaces import Artifact, MeasureResult, Profiler, Progress, Task
+from tunecore.interfaces import Artifact, MeasureResult, Profiler, Progress, Task, error_line
 from tunecore_ncu_costmodel import cpu, ncu_csv
 
 EVERY = 8
@@ -85,8 +85,8 @@ class NcuProfiler(_Sampling):
 
 
 def profile_dataset(path: str, *, limit: int, per_task: int | None = None, workloads: Sequence[str] = (),
-                    devices: Sequence[str] = (),
-                    max_latency: float = 0.05, timeout: float = 120.0, seed: int = 0, save_every: float = 60.0,
+                    devices: Sequence[str] = (), max_latency: float = 0.05, timeout: float = 120.0, seed: int = 0,
+                    save_every: float = 60.0, retry_failed: bool = False,
                     on_progress: Callable[[Progress], None] | None = None) -> dict[str, Any]:
     """Add CPU profile metrics to up to ``limit`` rows of a dataset measured on this machine's device, in place.
 
@@ -96,9 +96,8 @@ def profile_dataset(path: str, *, limit: int, per_task: int | None = None, workl
     which may be another machine's whose code runs here: callgrind simulates that device's L1 and L2 sizes, so
     the counts are the ones its own machine would give (same cache ways and line). Rows that have a profile
     already are skipped, so the command resumes where it stopped; a profile an earlier version made warm
-    (``cpu.warm = 1``) is made again. A row that cannot be profiled gets ``cpu.failed = 1`` and is not tried
-    again.
-    """
+    (``cpu.warm = 1``) is made again. A row that cannot be profiled gets ``cpu.failed = 1`` (its reason goes to
+    stderr) and is not tried again unless ``retry_failed`` (after a fix of the tools)."""
     import concurrent.futures
 
     import numpy as np
@@ -131,6 +130,9 @@ def profile_dataset(path: str, *, limit: int, per_task: int | None = None, workl
             if here[target] is None:
                 continue
             rows = [r for r in rows if (r.device_id in chosen if chosen else r.device_id == here[target])]
+            for r in rows:
+                if retry_failed and "cpu.failed" in r.profile:
+                    _clear(r)
             done = sum(_profiled(dataset, r) for r in rows)
             todo = [rows[i] for i in rng.permutation(len(rows)) if not _profiled(dataset, rows[i])
                     and rows[i].latency is not None and rows[i].latency <= max_latency]
@@ -164,8 +166,8 @@ def profile_dataset(path: str, *, limit: int, per_task: int | None = None, workl
                         task = dataset.tasks[row.task_key].for_target(target)
                         mods.append(tvm.ir.save_json(Candidate(task, row.trace, row.program_key).mod))
                         built.append(row)
-                    except Exception:  # the trace does not replay
-                        _failed(row, counts)
+                    except Exception as error:  # the trace does not replay
+                        _failed(dataset, row, counts, f"its trace does not replay ({error_line(error)})")
                 # a device with AVX-512: callgrind counts every program's twin (cpu.twin_target), whatever its own code
                 twins = [None] * len(mods)
                 if mods and _by_twin(dataset, rows[0]):
@@ -175,7 +177,7 @@ def profile_dataset(path: str, *, limit: int, per_task: int | None = None, workl
                 futures = {}
                 for row, artifact, twin_artifact in zip(built, builder.build(mods) if mods else [], twins):
                     if not isinstance(artifact, Artifact):
-                        _failed(row, counts)
+                        _failed(dataset, row, counts, f"it does not build ({artifact})")
                         continue
                     device = dataset.devices.get(row.device_id, {})
                     twin_path = None  # no twin wanted; "" when it did not build
@@ -193,8 +195,8 @@ def profile_dataset(path: str, *, limit: int, per_task: int | None = None, workl
                         _clear(row)
                         row.profile.update(metrics)
                         counts["profiled"] += 1
-                    except Exception:
-                        _failed(row, counts)
+                    except Exception as error:
+                        _failed(dataset, row, counts, error_line(error))
                     builder.discard(artifact)
                     if isinstance(twin_artifact, Artifact):
                         twin_builder.discard(twin_artifact)
@@ -217,7 +219,9 @@ def _clear(row: Any) -> None:
     row.profile = {k: v for k, v in row.profile.items() if not k.startswith(("cpu.", "mca."))}
 
 
-def _failed(row: Any, counts: dict[str, int]) -> None:
+def _failed(dataset: Any, row: Any, counts: dict[str, int], why: str) -> None:
+    print(f"tunecore: {dataset.tasks[row.task_key].name} program {row.program_key} cannot be profiled: {why}",
+          file=sys.stderr, flush=True)
     _clear(row)
     row.profile["cpu.failed"] = 1.0
     counts["failed"] += 1
