@@ -194,7 +194,8 @@ def test_a_call_overhead_above_the_call_does_not_multiply_the_calls(target, monk
     args = [tvm.runtime.tensor(np.zeros([int(d) for d in shape], dtype), device) for _, dtype, shape in task.args]
     per_call = library.time_evaluator(library.entry_name, device, number=200, repeat=3)(*args).min
     asked = []
-    monkeypatch.setattr(utils, "run_evaluator_common", lambda module, dev, config, a: asked.append(config) or [per_call])
+    monkeypatch.setattr(utils, "run_evaluator_common",
+                        lambda module, dev, config, a: asked.append(config) or [per_call])
     time_function(library, device, [args], dict(number=1, repeat=3, min_repeat_ms=50, enable_cpu_cache_flush=False),
                   None, call_overhead=1.0)
     assert asked[0].number * per_call < 4 * 0.05 * 1.5, (asked[0].number, per_call)
