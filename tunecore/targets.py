@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 from tunecore.errors import UsageError
 
 # public (see tunecore.interfaces): what plugins may import from this module
-__all__ = ["data_caches", "device_descriptor", "device_id", "host_target", "physical_cores", "resolve_target"]
+__all__ = ["cpu_lineage", "data_caches", "device_descriptor", "device_id", "host_target", "physical_cores",
+           "resolve_target"]
 
 if TYPE_CHECKING:
     import tvm
@@ -30,6 +31,12 @@ _X86_MCPU_BY_FLAGS = (
     ({"avx2", "fma"}, "haswell"),
     ({"sse4_2"}, "nehalem"),
 )
+# Each CPU's predecessor in its line (LLVM's names). A tool or a model that does not know a CPU takes its nearest
+# predecessor it knows instead: llvm-mca and tlm's vocabulary, which are older than the CPUs they are asked about.
+_CPU_PREDECESSOR = {"znver5": "znver4", "znver4": "znver3", "znver3": "znver2", "znver2": "znver1",
+                    "graniterapids": "sapphirerapids", "emeraldrapids": "sapphirerapids",
+                    "sapphirerapids": "icelake-server", "arrowlake": "alderlake", "meteorlake": "alderlake",
+                    "raptorlake": "alderlake", "alderlake": "skylake"}
 # /proc/cpuinfo flag -> LLVM feature, for the features that decide code generation
 _DECISIVE_FEATURES = {"avx512f": "avx512f", "avx2": "avx2", "fma": "fma", "amx_tile": "amx-tile"}
 
@@ -92,6 +99,14 @@ def host_mcpu() -> str:
         if required <= flags:
             return mcpu
     return name or "generic"
+
+
+def cpu_lineage(mcpu: str) -> list[str]:
+    """``mcpu`` and then its predecessors in its line, nearest first (``[mcpu]`` for a CPU without a known one)."""
+    out = [mcpu]
+    while out[-1] in _CPU_PREDECESSOR:
+        out.append(_CPU_PREDECESSOR[out[-1]])
+    return out
 
 
 def host_target() -> Any:

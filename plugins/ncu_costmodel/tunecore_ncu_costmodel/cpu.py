@@ -36,6 +36,7 @@ import time
 from typing import Any, Sequence
 
 from tunecore.interfaces import UsageError
+from tunecore.targets import cpu_lineage
 
 # callgrind event -> metric; summed where two events make one metric
 CALLGRIND_METRICS = {
@@ -222,10 +223,6 @@ def hot_loop(instructions: Sequence[tuple[int, str, str]]) -> list[tuple[str, st
 
 # A CPU newer than the installed llvm-mca (Debian 12's LLVM 14 has no znver4) is estimated with the newest
 # model of its line that llvm-mca knows (the closest scheduling model it has) and that can run the code.
-_PREDECESSOR = {"znver5": "znver4", "znver4": "znver3", "znver3": "znver2", "znver2": "znver1",
-                "graniterapids": "sapphirerapids", "emeraldrapids": "sapphirerapids",
-                "sapphirerapids": "icelake-server", "arrowlake": "alderlake", "meteorlake": "alderlake",
-                "raptorlake": "alderlake", "alderlake": "skylake"}
 _WITHOUT_AVX512 = {"znver3", "znver2", "znver1", "alderlake", "skylake"}
 
 
@@ -234,10 +231,7 @@ def twin_target(target_json: str) -> str:
     with the nearest CPU of its line without AVX-512 (a generic AVX2 x86-64 where the line has none), and no
     AVX-512 feature in its ``mattr``."""
     target = json.loads(target_json)
-    mcpu = target.get("mcpu", "")
-    while mcpu and mcpu not in _WITHOUT_AVX512:
-        mcpu = _PREDECESSOR.get(mcpu, "")
-    target["mcpu"] = mcpu or "x86-64-v3"
+    target["mcpu"] = next((c for c in cpu_lineage(target.get("mcpu", "")) if c in _WITHOUT_AVX512), "x86-64-v3")
     if target.get("mattr"):
         target["mattr"] = [f for f in target["mattr"] if "avx512" not in f] + ["-avx512f"]
     return json.dumps(target, sort_keys=True)
@@ -252,9 +246,8 @@ def mca_cpu(mcpu: str, avx512: bool = False) -> str:
     listing = subprocess.run([require("llvm-mca"), "-mtriple=x86_64-unknown-linux-gnu", "-mcpu=help"],
                              input="", capture_output=True, text=True, timeout=30)
     known = {line.split()[0] for line in (listing.stdout + listing.stderr).splitlines() if line.startswith("  ")}
-    while mcpu and (mcpu not in known or (avx512 and mcpu in _WITHOUT_AVX512)):
-        mcpu = _PREDECESSOR.get(mcpu, "")
-    return mcpu or ("x86-64-v4" if avx512 else "x86-64")
+    usable = (c for c in cpu_lineage(mcpu) if c in known and not (avx512 and c in _WITHOUT_AVX512))
+    return next(usable, "x86-64-v4" if avx512 else "x86-64")
 
 
 def mca(instructions: Sequence[tuple[int, str, str]], mcpu: str, avx512: bool,

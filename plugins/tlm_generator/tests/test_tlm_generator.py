@@ -12,11 +12,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tunecore_tlm_generator import model as lm
-from tunecore_tlm_generator.sentences import MAX_NUMBER, Slot, Vocabulary
+from tunecore_tlm_generator.sentences import MAX_NUMBER, UNK, Slot, Vocabulary
 from tunecore_tlm_generator.sketches import apply_decisions, realize, sampled_decisions, trace_decisions
 from tunecore_tlm_generator.training import Sketches, task_targets
 
 from tunecore.dataset.table import Dataset
+from tunecore.targets import cpu_lineage
 from tunecore.testing import SearchPolicyConformance
 from tunecore.testing.cli import assert_one_line_exit_2, cli_json, run_cli
 from tunecore.tvmjson import schedule_key
@@ -130,6 +131,14 @@ def test_every_path_through_a_tile_slot_is_a_perfect_tiling(extent, n, max_inner
 def test_every_number_is_written_and_read_back(value):
     vocab = Vocabulary()
     assert vocab.decode_numbers(vocab.number(value)) == [value]
+
+
+def test_a_cpu_newer_than_the_vocabulary_reads_as_its_nearest_known_predecessor():
+    vocab = Vocabulary(["znver3", "conv2d", "float32"])
+    assert vocab.encode(["TARGET", "llvm", "znver5"])[2] == vocab.ids["znver3"]  # not [UNK]: znver4 is unknown too
+    assert vocab.encode(["znver3", "sapphirerapids", "nchw"]) == [vocab.ids["znver3"], UNK, UNK]
+    assert cpu_lineage("znver5") == ["znver5", "znver4", "znver3", "znver2", "znver1"]
+    assert cpu_lineage("x86-64-v3") == ["x86-64-v3"]
 
 
 def test_constrained_decoding_writes_only_valid_programs(sketches, diverse):

@@ -20,7 +20,7 @@ Numbers are their own tokens below 1024 and two tokens ``H<q> <r>`` (q*1024 + r)
 every legal tile factor of every loop up to a million iterations can be written, seen in training
 or not. Everything else (operator names, dtypes, target and instruction words) is a word of the
 vocabulary that training built; a word it never saw reads as ``[UNK]`` in a prompt, which only
-conditions the model.
+conditions the model (a CPU it never saw reads as the nearest CPU of its line that it did, e.g. znver5 as znver3).
 
 Compared with TLM's sentences (every instruction with its variable names, ~170-600 tokens), these
 are about 60-150 tokens; ``python bench/tlm.py`` reports their lengths on resnet-50's tasks.
@@ -32,6 +32,8 @@ import dataclasses
 import hashlib
 import json
 from typing import Any, Iterator, Sequence
+
+from tunecore.targets import cpu_lineage
 
 BASE = 1024
 MAX_NUMBER = BASE * BASE - 1
@@ -172,8 +174,8 @@ class Vocabulary:
         for w in words:
             if isinstance(w, int):
                 out += self.number(w)
-            else:
-                out.append(self.ids.get(w, UNK))
+            else:  # a CPU newer than the training data reads as its nearest predecessor the vocabulary knows
+                out.append(next((self.ids[c] for c in cpu_lineage(w) if c in self.ids), UNK))
         return out
 
     def decode_numbers(self, ids: Sequence[int]) -> list[int]:
