@@ -192,37 +192,46 @@ def mean_loss(model: GPT, examples: Sequence[tuple[list[int], list[bool]]], batc
 
 
 @torch.no_grad()
+def choice_log_probs(model: GPT, vocab: Vocabulary, prompt: SketchPrompt,
+                     decisions: Sequence[Any]) -> tuple[float, float, int] | None:
+    """Log-probability of a program's decisions as the decoder samples them (each decision token among the tokens
+    allowed at that step, ``completion_steps``), that of choosing uniformly among those tokens, and how many
+    tokens were choices; None when the decoder cannot write them."""
+    example = encode_example(prompt, decisions, vocab)
+    if example is None or len(example[0]) > model.config.context:
+        return None
+    ids = example[0]
+    model.eval()
+    with torch.no_grad():
+        logits, _ = model(torch.tensor([ids[:-1]]))
+    log_p = F.log_softmax(logits[0], dim=-1)
+    steps = completion_steps(prompt, vocab)
+    allowed, _ = next(steps)
+    chosen = uniform = 0.0
+    count = 0
+    for position in range(ids.index(SEP) + 1, len(ids)):
+        token = ids[position]
+        if len(allowed) > 1:
+            chosen += float(log_p[position - 1, token] - torch.logsumexp(log_p[position - 1, allowed], dim=0))
+            uniform -= float(np.log(len(allowed)))
+            count += 1
+        try:
+            allowed, _ = steps.send(token)
+        except StopIteration:
+            break
+    return chosen, uniform, count
+
+
 def choice_loss(model: GPT, vocab: Vocabulary,
                 programs: Sequence[tuple[SketchPrompt, Sequence[Any]]]) -> dict[str, float]:
     """How well the model predicts given programs' decisions, as the decoder samples them: the teacher-forced
-    loss per decision token over the tokens allowed at that step (``completion_steps``), beside the loss of
-    choosing uniformly among those tokens (a sampler that knows only what is legal). Programs whose decisions
-    the decoder cannot write are left out; ``programs`` counts the others."""
-    model.eval()
-    total = uniform = count = 0.0
-    kept = 0
-    for prompt, decisions in programs:
-        example = encode_example(prompt, decisions, vocab)
-        if example is None or len(example[0]) > model.config.context:
-            continue
-        ids = example[0]
-        logits, _ = model(torch.tensor([ids[:-1]]))
-        log_p = F.log_softmax(logits[0], dim=-1)
-        steps = completion_steps(prompt, vocab)
-        allowed, _ = next(steps)
-        for position in range(ids.index(SEP) + 1, len(ids)):
-            token = ids[position]
-            if len(allowed) > 1:
-                legal = log_p[position - 1, allowed]
-                total -= float(log_p[position - 1, token] - torch.logsumexp(legal, dim=0))
-                uniform += float(np.log(len(allowed)))
-                count += 1
-            try:
-                allowed, _ = steps.send(token)
-            except StopIteration:
-                break
-        kept += 1
-    return {"loss": total / max(count, 1.0), "uniform_loss": uniform / max(count, 1.0), "programs": kept}
+    loss per decision token over the tokens allowed at that step, beside the loss of choosing uniformly among
+    those tokens (a sampler that knows only what is legal). Programs whose decisions the decoder cannot write
+    are left out; ``programs`` counts the others."""
+    scored = [s for prompt, decisions in programs if (s := choice_log_probs(model, vocab, prompt, decisions))]
+    count = max(sum(n for _, _, n in scored), 1)
+    return {"loss": -sum(c for c, _, _ in scored) / count, "uniform_loss": -sum(u for _, u, _ in scored) / count,
+            "programs": len(scored)}
 
 
 @dataclasses.dataclass
