@@ -1,10 +1,11 @@
 """What the shipped weights of cdmpp and tlm know about networks they never saw, against untrained models and
 the simplest baselines.
 
-    python bench/shipped_weights.py [--dataset datasets/cpu-programs.parquet]
+    python bench/shipped_weights.py [--dataset datasets/cpu-programs-v2.parquet]
 
 Both weights files record what they were trained on and which networks were held out (cdmpp: ``split``, tlm:
-``exclude``); everything here is measured on the held-out side of the shipped dataset, on every device.
+``exclude``); everything here is measured on the held-out side of the shipped dataset, on every device (cdmpp:
+  one table per device, one it was trained on or a CPU it never saw).
 
 - **cdmpp**: ranking within a task (Spearman, pairwise accuracy, top-1/top-5 score of ``tunecore costmodel
   eval``) and latency (MAPE) of the shipped weights, of an untrained network with the shipped normalizer (what
@@ -15,7 +16,9 @@ Both weights files record what they were trained on and which networks were held
 - **tlm**: on the fastest measured program of every held-out (task, device), the teacher-forced loss per
   decision token over the whole vocabulary (``model.mean_loss``) and over the tokens the decoder allows at that
   step (``model.choice_loss``), beside choosing uniformly among those tokens, for tlm-cpu.pt, tlm-base.pt and
-  an untrained model of the same size.
+  an untrained model of the same size; and on every measured program of the held-out networks on the primary
+  device, by (task, sketch): whether the decoder gives the faster programs more probability (Spearman), and how
+  fast the program it finds most likely is, beside a random pick (``speed_agreement``).
 
 Writes bench/results/shipped_weights.{json,md}. The plugins' tests assert the same comparisons on a slice.
 """
@@ -34,37 +37,44 @@ CDMPP_COLUMNS = ("spearman", "pairwise_accuracy", "top1_score", "top5_score", "m
 
 
 def cdmpp_rows(dataset, seed: int) -> dict:
+    """The held-out side's metrics per device: one the weights were trained on, or one they never saw."""
     from tunecore_cdmpp_predictor.costmodel import CDMPPModel
     from tunecore_cdmpp_predictor.model import Predictor
 
     from tunecore.dataset.evaluate import constant_floor, guess_metrics, held_out_metrics, measured_groups
     from tunecore.dataset.split import split
+    from tunecore.dataset.table import describe_device
     from tunecore.targets import device_id
 
     shipped = CDMPPModel(weights="shipped", online=False)
     trained_on = shipped.predictor.trained_on
     parts = split(dataset, trained_on["split"], seed)
-    test = measured_groups(dataset, [r for r in parts.test if r.latency is not None])
-    weights = [parts.weights.get(task.workload_hash, 1) for task, *_ in test]
     untrained = CDMPPModel(weights="none", online=False)
     untrained.predictor = Predictor(shipped.predictor.arch, seed=seed + 1)
     untrained.predictor.normalizer = shipped.predictor.normalizer
-    rows = {}
-    for name, model in (("shipped weights", shipped), ("untrained network", untrained)):
-        started = time.perf_counter()
-        rows[name] = {**held_out_metrics(model, test, weights, seed),
-                      "seconds": round(time.perf_counter() - started, 1)}
-    latencies = [np.array([r.latency for r in results]) for _, _, results, _ in test]
     per_flop = collections.defaultdict(list)
     for row in parts.train:
         if row.latency is not None and dataset.tasks[row.task_key].flops:
             per_flop[row.device_id].append(row.latency / dataset.tasks[row.task_key].flops)
-    flops_guess = [np.full(len(lat), np.median(per_flop[device_id(device)]) * task.flops)
-                   for lat, (task, *_, device) in zip(latencies, test)]
-    rows["FLOPs constant"] = guess_metrics(latencies, flops_guess, weights, seed)
-    rows["per-task constant (floor)"] = constant_floor(test, parts, seed)
-    return {"split": trained_on["split"], "trained_on": {k: trained_on[k] for k in ("programs", "devices", "epochs")},
-            "test": {"groups": len(test), "programs": int(sum(map(len, latencies)))}, "rows": rows}
+    devices = {}
+    for device in sorted({r.device_id for r in parts.test if r.latency is not None}):
+        test = measured_groups(dataset, [r for r in parts.test if r.latency is not None and r.device_id == device])
+        weights = [parts.weights.get(task.workload_hash, 1) for task, *_ in test]
+        rows = {}
+        for name, model in (("shipped weights", shipped), ("untrained network", untrained)):
+            started = time.perf_counter()
+            rows[name] = {**held_out_metrics(model, test, weights, seed),
+                          "seconds": round(time.perf_counter() - started, 1)}
+        latencies = [np.array([r.latency for r in results]) for _, _, results, _ in test]
+        flops_guess = [np.full(len(lat), np.median(per_flop[device_id(description)]) * task.flops)
+                       for lat, (task, *_, description) in zip(latencies, test)]
+        rows["FLOPs constant"] = guess_metrics(latencies, flops_guess, weights, seed)
+        rows["per-task constant (floor)"] = constant_floor(test, parts, seed)
+        devices[device] = {"device": describe_device(dataset.devices[device]), "seen": device in trained_on["devices"],
+                           "groups": len(test), "programs": int(sum(map(len, latencies))), "rows": rows}
+    return {"split": trained_on["split"],
+            "trained_on": {k: trained_on.get(k) for k in ("programs", "devices", "epochs", "max_spread")},
+            "devices": devices}
 
 
 def tlm_rows(dataset) -> dict:
@@ -75,8 +85,15 @@ def tlm_rows(dataset) -> dict:
     _, vocab, metadata = lm.load(SHIPPED)
     excluded = {w for w in metadata["trained_on"]["exclude"].split(",") if w}
     pairs = [(task, target) for task, target in task_targets(dataset) if excluded & set(task.workloads)]
-    programs = [(p, d) for p, d, _ in best_programs(dataset, Sketches(), pairs, top=1)]
+    sketches = Sketches()
+    programs = [(p, d) for p, d, _ in best_programs(dataset, sketches, pairs, top=1)]
     examples = [e for p, d in programs if (e := lm.encode_example(p, d, vocab))]
+    # every measured program of the primary device, by sketch: does the model give the faster ones more probability?
+    primary = collections.Counter(r.device_id for r in dataset.rows).most_common(1)[0][0]
+    by_sketch = collections.defaultdict(list)
+    for prompt, decisions, ratio in best_programs(dataset, sketches, pairs, top=1 << 30, device_ids={primary}):
+        by_sketch[str(prompt.words)].append((prompt, decisions, ratio))
+    groups = [members for members in by_sketch.values() if len(members) >= SKETCH_GROUP]
     sizes = {k: metadata["config"][k] for k in ("n_layer", "n_head", "n_embd", "context")}
     rows = {}
     models = {"tlm-cpu.pt (shipped)": lm.load(SHIPPED)[0], "tlm-base.pt (shipped)": lm.load(SHIPPED_BASE)[0],
@@ -84,13 +101,43 @@ def tlm_rows(dataset) -> dict:
     for name, model in models.items():
         choice = lm.choice_loss(model, vocab, programs)
         rows[name] = {"loss": round(lm.mean_loss(model, examples), 4), "choice_loss": round(choice["loss"], 4),
-                      "uniform_choice_loss": round(choice["uniform_loss"], 4), "programs": choice["programs"]}
-    return {"exclude": sorted(excluded), "pairs": len(pairs), "rows": rows}
+                      "uniform_choice_loss": round(choice["uniform_loss"], 4), "programs": choice["programs"],
+                      **speed_agreement(model, vocab, groups)}
+    return {"exclude": sorted(excluded), "pairs": len(pairs), "rows": rows, "primary_device": primary,
+            "sketch_groups": len(groups), "random_pick": round(float(np.exp(np.mean(
+                [np.mean(np.log([r for *_, r in members])) for members in groups]))), 3)}
+
+
+SKETCH_GROUP = 16  # measured programs a (task, sketch) needs to be ranked
+
+
+def speed_agreement(model, vocab, groups: list) -> dict:
+    """Over (task, sketch) groups of measured programs: the mean Spearman correlation of the log-probability the
+    decoder gives a program with its speed, and the latency (over the group's best) of the program it finds most
+    likely (geometric mean); the same for choosing uniformly among the legal tokens."""
+    from scipy import stats
+    from tunecore_tlm_generator import model as lm
+
+    rho, top, uniform_rho, uniform_top = [], [], [], []
+    for members in groups:
+        scored = [(s, ratio) for prompt, decisions, ratio in members
+                  if (s := lm.choice_log_probs(model, vocab, prompt, decisions))]
+        if len(scored) < SKETCH_GROUP:
+            continue
+        ratios = np.array([ratio for _, ratio in scored])
+        for log_p, rhos, tops in (([s[0] for s, _ in scored], rho, top),
+                                  ([s[1] for s, _ in scored], uniform_rho, uniform_top)):
+            rhos.append(stats.spearmanr(log_p, -ratios)[0] if np.ptp(log_p) > 0 else 0.0)
+            tops.append(ratios[int(np.argmax(log_p))])
+    return {"groups": len(rho), "spearman_speed": round(float(np.nanmean(rho)), 3),
+            "most_likely_latency": round(float(np.exp(np.mean(np.log(top)))), 3),
+            "uniform_spearman_speed": round(float(np.nanmean(uniform_rho)), 3),
+            "uniform_most_likely_latency": round(float(np.exp(np.mean(np.log(uniform_top)))), 3)}
 
 
 def main() -> None:
     parser = experiments.script_parser(__doc__, __file__)
-    parser.add_argument("--dataset", default="datasets/cpu-programs.parquet")
+    parser.add_argument("--dataset", default="datasets/cpu-programs-v2.parquet")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     from tunecore.dataset.table import Dataset
@@ -108,12 +155,18 @@ def markdown(report: dict) -> str:
     lines = ["# The shipped weights on networks they never saw", "",
              f"{experiments.environment_line(report)} Dataset `{report['dataset']}`.", "",
              f"## cdmpp-cpu.pt: held out `{cdmpp['split']}`", "",
-             f"Trained on {cdmpp['trained_on']['programs']} programs ({cdmpp['trained_on']['epochs']} epochs); tested "
-             f"on {cdmpp['test']['programs']} programs in {cdmpp['test']['groups']} task x device groups. Ranking "
-             "within each group; MAPE over all programs.", "",
-             "| predictor | " + " | ".join(CDMPP_COLUMNS) + " |", "|---|" + "---:|" * len(CDMPP_COLUMNS)]
-    for name, row in cdmpp["rows"].items():
-        lines.append(f"| {name} | " + " | ".join(cell(row.get(c)) for c in CDMPP_COLUMNS) + " |")
+             f"Trained on {cdmpp['trained_on']['programs']} programs of the devices "
+             f"{', '.join(cdmpp['trained_on']['devices'])} ({cdmpp['trained_on']['epochs']} epochs, timings within "
+             f"{cdmpp['trained_on']['max_spread'] or 'any spread'}); tested on the held-out networks' programs of "
+             "every device, one table per device. Ranking within each task; MAPE over all programs. The FLOPs "
+             "constant is the training side's median seconds per FLOP of the device times the task's FLOPs."]
+    for device, part in cdmpp["devices"].items():
+        seen = "a device it was trained on" if part["seen"] else "a CPU it never saw"
+        lines += ["", f"### {part['device']} (`{device}`, {seen}): {part['programs']} programs, {part['groups']} "
+                  "tasks", "", "| predictor | " + " | ".join(CDMPP_COLUMNS) + " |",
+                  "|---|" + "---:|" * len(CDMPP_COLUMNS)]
+        for name, row in part["rows"].items():
+            lines.append(f"| {name} | " + " | ".join(cell(row.get(c)) for c in CDMPP_COLUMNS) + " |")
     lines += ["", f"## tlm: held out {', '.join(tlm['exclude'])}", "",
               f"The fastest measured program of each of {tlm['pairs']} held-out (task, target) pairs; loss per "
               "decision token (nats), lower is better. `loss`: over the whole vocabulary (teacher-forced); `choice "
@@ -123,6 +176,19 @@ def markdown(report: dict) -> str:
     for name, row in tlm["rows"].items():
         lines.append(f"| {name} | {row['programs']} | {row['loss']:.3f} | {row['choice_loss']:.3f} "
                      f"| {row['uniform_choice_loss']:.3f} |")
+    uniform = next(iter(tlm["rows"].values()))
+    lines += ["", f"Every measured program of the held-out networks on `{tlm['primary_device']}`, in "
+              f"{tlm['sketch_groups']} (task, sketch) groups of >= {SKETCH_GROUP}: does the decoder give the faster "
+              "programs of a sketch more probability? Spearman correlation of a program's log-probability (as the "
+              "decoder samples) with its speed, mean over groups, and the latency over the group's best of the "
+              "program it finds most likely (geometric mean). A program picked at random: "
+              f"{tlm['random_pick']:.2f}x the best.", "",
+              "| model | groups | Spearman (log-probability, speed) | most likely program, latency / best |",
+              "|---|---:|---:|---:|"]
+    for name, row in tlm["rows"].items():
+        lines.append(f"| {name} | {row['groups']} | {row['spearman_speed']:.3f} | {row['most_likely_latency']:.2f} |")
+    lines.append(f"| choosing uniformly among legal tokens | {uniform['groups']} "
+                 f"| {uniform['uniform_spearman_speed']:.3f} | {uniform['uniform_most_likely_latency']:.2f} |")
     lines.append("")
     return "\n".join(lines)
 

@@ -20,7 +20,7 @@ from tunecore.dataset.split import split
 from tunecore.dataset.table import Dataset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-DATASET = os.path.join(ROOT, "datasets", "cpu-programs.parquet")
+DATASET = os.path.join(ROOT, "datasets", "cpu-programs-v2.parquet")
 
 
 @pytest.fixture(scope="module")
