@@ -258,9 +258,9 @@ def time_function(module: Any, device: Any, args: list, evaluator: dict[str, Any
     """Seconds per repeat of a loaded module's entry function, here or on an RPC session's device.
 
     The first call is timed on its own, less ``call_overhead`` (an RPC session's round trips, timed here).
-    If it is slower than ``screen_above`` seconds, a second call is timed (the first also pays for loading the
-    library: page faults, symbol binding, which makes a kernel of tens of microseconds look several times
-    slower); when that is too, the candidate is clearly not competitive and that single timing is returned.
+    If it is slower than ``screen_above`` seconds, a second call is timed on the device (the first also pays for
+    loading the library: page faults, symbol binding, which makes a kernel of tens of microseconds look several
+    times slower); when that is too, the candidate is clearly not competitive and that single timing is returned.
     Otherwise ``number`` is chosen from it so that TVM's evaluator needs no calibration runs.
     """
     import math
@@ -282,7 +282,10 @@ def time_function(module: Any, device: Any, args: list, evaluator: dict[str, Any
 
     once = call()
     if screen_above is not None and once > screen_above:
-        once = min(once, call())
+        # Timed by the device itself: over RPC a call timed here carries the network's jitter, which for a kernel of
+        # tens of microseconds is larger than the kernel, and would screen out a candidate as fast as the best.
+        warm = dict(evaluator, number=1, repeat=1, min_repeat_ms=0)
+        once = min(once, run_evaluator_common(module, device, EvaluatorConfig(**warm), args[:1])[0])
         if once > screen_above:
             return [once]
     config = dict(evaluator)
