@@ -151,6 +151,18 @@ def match(tvm_rows: list[dict], ort_rows: list[dict]) -> list[dict]:
     return sorted(out, key=lambda g: -max(g["in_model_ms"], g["ort_ms"]))
 
 
+def _as_nchw(shape: tuple, layout: str) -> tuple:
+    """A kernel's output in the layout it was tuned in, as the ONNX model's own NCHW, which onnxruntime's nodes
+    report: (N, C/B, H, W, B) in nchwc, (N, H, W, C) in nhwc."""
+    if layout == "nchwc" and len(shape) == 5:
+        n, blocks, h, w, block = shape
+        return (n, blocks * block, h, w)
+    if layout == "nhwc" and len(shape) == 4:
+        n, h, w, c = shape
+        return (n, c, h, w)
+    return shape
+
+
 def _group() -> dict:
     return {"tvm_kernels": [], "ort_nodes": [], "in_model_ms": 0.0, "alone_ms": 0.0, "calls": 0, "ort_ms": 0.0}
 
@@ -198,7 +210,7 @@ def analyse(onnx_path: str, store_file: str, runs: int, layout: str = "nchw") ->
             "alone_ms": alone[task.name] * 1e3 * c["calls"], "tuned": record is not None,
             "stored_best_ms": (record.latency * 1e3 * c["calls"]) if record is not None and record.latency else None,
             "trials": trials[task.name], "gflop": task.flops * c["calls"] / 1e9,
-            "shape": tuple(task.args[-1][2]),
+            "shape": _as_nchw(tuple(task.args[-1][2]), layout),
         })
     others = {s: c for s, c in calls.items() if _task_name(s) not in by_name}
     name_of_input = workload.mod["main"].params[0].name
