@@ -177,22 +177,29 @@ def test_parts_are_chosen_by_option_and_options_go_to_the_part_that_takes_them(t
     assert [p.name for p in single.profilers] == ["artifact-size"]
 
 
-def test_a_call_overhead_above_the_call_does_not_multiply_the_calls(target, monkeypatch):
-    """An RPC session's round trips are timed apart from the first call; when they come out longer than it (a kernel
-    of microseconds, network jitter), a repeat still asks for about ``min_repeat_ms`` of calls (at most 4x),
-    not ``min_repeat_ms`` / 1e-7 of them (half a million: a 20 s timed-out result, the suite's flake over RPC)."""
+def _matmul_of_16_rows(target):
+    """A built 16x64x64 matmul, its device, zeroed arguments and its warm seconds per call (TVM's own timer)."""
     import numpy as np
     import tvm
-    from tvm.s_tir.meta_schedule.runner import utils
 
-    from tunecore.measure.worker import time_function
     from tunecore.testing import tiny_task
 
     task = tiny_task("matmul-16x64x64", target)
     library = tvm.tirx.build(task.mod, target=target)
     device = tvm.cpu(0)
     args = [tvm.runtime.tensor(np.zeros([int(d) for d in shape], dtype), device) for _, dtype, shape in task.args]
-    per_call = library.time_evaluator(library.entry_name, device, number=200, repeat=3)(*args).min
+    return library, device, args, library.time_evaluator(library.entry_name, device, number=200, repeat=3)(*args).min
+
+
+def test_a_call_overhead_above_the_call_does_not_multiply_the_calls(target, monkeypatch):
+    """An RPC session's round trips are timed apart from the first call; when they come out longer than it (a kernel
+    of microseconds, network jitter), a repeat still asks for about ``min_repeat_ms`` of calls (at most 4x),
+    not ``min_repeat_ms`` / 1e-7 of them (half a million: a 20 s timed-out result, the suite's flake over RPC)."""
+    from tvm.s_tir.meta_schedule.runner import utils
+
+    from tunecore.measure.worker import time_function
+
+    library, device, args, per_call = _matmul_of_16_rows(target)
     asked = []
     monkeypatch.setattr(utils, "run_evaluator_common",
                         lambda module, dev, config, a: asked.append(config) or [per_call])
@@ -207,17 +214,9 @@ def test_a_screened_candidate_is_timed_again_by_the_device(target):
     is timed fully, not returned as one jittered timing (CI's flake: 16 rows of a matmul measured 2x too slow)."""
     import time
 
-    import numpy as np
-    import tvm
-
     from tunecore.measure.worker import time_function
-    from tunecore.testing import tiny_task
 
-    task = tiny_task("matmul-16x64x64", target)
-    library = tvm.tirx.build(task.mod, target=target)
-    device = tvm.cpu(0)
-    args = [tvm.runtime.tensor(np.zeros([int(d) for d in shape], dtype), device) for _, dtype, shape in task.args]
-    per_call = library.time_evaluator(library.entry_name, device, number=200, repeat=3)(*args).min
+    library, device, args, per_call = _matmul_of_16_rows(target)
 
     class OverNetwork:  # the library as a host sees it through a jittery link; the device's own timer does not
         entry_name = library.entry_name
