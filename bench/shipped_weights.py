@@ -44,7 +44,6 @@ def cdmpp_rows(dataset, seed: int) -> dict:
     from tunecore.dataset.evaluate import constant_floor, guess_metrics, held_out_metrics, measured_groups
     from tunecore.dataset.split import split
     from tunecore.dataset.table import describe_device
-    from tunecore.targets import device_id
 
     shipped = CDMPPModel(weights="shipped", online=False)
     trained_on = shipped.predictor.trained_on
@@ -66,8 +65,8 @@ def cdmpp_rows(dataset, seed: int) -> dict:
             rows[name] = {**held_out_metrics(model, test, weights, seed),
                           "seconds": round(time.perf_counter() - started, 1)}
         latencies = [np.array([r.latency for r in results]) for _, _, results, _ in test]
-        flops_guess = [np.full(len(lat), np.median(per_flop[device_id(description)]) * task.flops)
-                       for lat, (task, *_, description) in zip(latencies, test)]
+        seconds_per_flop = np.median(per_flop[device])
+        flops_guess = [np.full(len(lat), seconds_per_flop * task.flops) for lat, (task, *_) in zip(latencies, test)]
         rows["FLOPs constant"] = guess_metrics(latencies, flops_guess, weights, seed)
         rows["per-task constant (floor)"] = constant_floor(test, parts, seed)
         devices[device] = {"device": describe_device(dataset.devices[device]), "seen": device in trained_on["devices"],
