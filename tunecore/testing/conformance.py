@@ -392,13 +392,17 @@ class MeasurerConformance(_TargetComponentSuite):
         """Unscheduled matmuls (serial loop nests, so thread scheduling does not blur them) of 16 and 64 rows:
         every row is the same work on the same 16 KiB right-hand matrix, which stays in cache."""
         small, large = (_unscheduled(f"matmul-{m}x64x64", task.target) for m in (16, 64))
-        ratios = []
-        for _ in range(3):  # alternating, median of three: one disturbance of a shared machine is not a failure
+        latencies: dict[str, list[float]] = {"small": [], "large": []}
+        for _ in range(5):  # alternating
             (a,) = component.measure(small.task, [small])
             (b,) = component.measure(large.task, [large])
             assert a.error is None and b.error is None, (a.error, b.error)
-            ratios.append(b.latency / a.latency)
-        assert 3.0 < sorted(ratios)[1] < 5.3, ratios
+            latencies["small"].append(a.latency)
+            latencies["large"].append(b.latency)
+        # A neighbour on a shared machine only ever adds time, and on CI's 2-core machines it did so for whole
+        # measurements (median pair ratios of 2.6-2.7): the fastest of each is the undisturbed one.
+        ratio = min(latencies["large"]) / min(latencies["small"])
+        assert 3.0 < ratio < 5.3, (ratio, latencies)
 
     def test_latency_agrees_with_time_evaluator(self, component: Any, task: Task) -> None:
         if not self.measures_this_host:
