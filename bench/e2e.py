@@ -79,13 +79,15 @@ def export_onnx(model: Any, example: Any, path: str) -> None:
 
 
 def tune(onnx_path: str, store: str, search: str, cost_model: str, trials: int | None, seconds: float | None,
-         done_path: str, layout: str) -> dict:
-    key = f"{onnx_path} {search} {cost_model} {trials} {seconds}" + (f" {layout}" if layout != "nchw" else "")
+         done_path: str, layout: str, options: list[str]) -> dict:
+    key = f"{onnx_path} {search} {cost_model} {trials} {seconds}" + (f" {layout}" if layout != "nchw" else "") + (
+        "".join(f" {o}" for o in options))
+    extra = ["--layout", layout] + [arg for option in options for arg in ("-O", option)]
     return experiments.cached_run(done_path, key,
                                   lambda: experiments.run_tunecore(onnx_path, trials, 0, search=search,
                                                                    cost_model=cost_model, store=f"sqlite:{store}",
                                                                    time_budget=seconds, resume=True,
-                                                                   extra_args=["--layout", layout]))
+                                                                   extra_args=extra))
 
 
 def tune_metaschedule(onnx_path: str, work_dir: str, seconds: float, trials_per_iter: int, done_path: str,
@@ -192,6 +194,9 @@ def main() -> None:
                         help="MetaSchedule's candidates per task per iteration (default: its own, 64); it commits a "
                              "task's results only when it comes back to the task, so short budgets need fewer")
     parser.add_argument("--layout", default="nchw", help="the layout both tuners tune and build the CNNs in")
+    parser.add_argument("--tunecore-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="an -O option for tunecore's tuning, e.g. measurer.cpu_cache_flush=true (repeatable; "
+                             "a tuning of its own)")
     parser.add_argument("--passes", type=int, default=5)
     parser.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "tunecore-bench-e2e"))
     args = parser.parse_args()
@@ -224,7 +229,8 @@ def main() -> None:
         export_onnx(model, torch.from_numpy(x), onnx_path)
         layout = args.layout if name != "bert-base" else "nchw"  # bert has no conv
         label = f"{name}-{args.search}-{args.cost_model}-{args.time_budget:g}s" + (
-            f"-{args.trials}" if args.trials else "") + (f"-{layout}" if layout != "nchw" else "")
+            f"-{args.trials}" if args.trials else "") + (f"-{layout}" if layout != "nchw" else "") + (
+            "".join(f"-{o}" for o in args.tunecore_option))
         store = os.path.join(args.work, f"{label}.db")
         ms_work_dir = os.path.join(args.work, f"{name}-metaschedule-{ms_seconds:g}s" + (
             f"-{args.ms_trials_per_iter}" if args.ms_trials_per_iter != 64 else "") + (
@@ -232,7 +238,7 @@ def main() -> None:
         tuning = {}
         if "tunecore" in tuners:
             tuning["tunecore"] = tune(onnx_path, store, args.search, args.cost_model, args.trials, args.time_budget,
-                                      done_path, layout)
+                                      done_path, layout, args.tunecore_option)
         if "metaschedule" in tuners:
             tuning["MetaSchedule"] = tune_metaschedule(onnx_path, ms_work_dir, ms_seconds,
                                                        args.ms_trials_per_iter, done_path, layout)
@@ -249,6 +255,7 @@ def main() -> None:
     report = {"benchmark": "e2e", "search": args.search, "cost_model": args.cost_model, "trials": args.trials,
               "time_budget_s": args.time_budget, "ms_time_budget_s": ms_seconds,
               "ms_trials_per_iter": args.ms_trials_per_iter, "layout": args.layout,
+              "tunecore_options": args.tunecore_option,
               "threads": threads, "passes": args.passes, "networks": networks, "environment": environment(),
               "versions": _versions(), "command": command_line("e2e.py")}
     write_results(args.out, "e2e", report, markdown(report))
@@ -289,6 +296,7 @@ def markdown(report: dict) -> str:
              f"`--search {report['search']} --cost-model {report['cost_model']} "
              f"--time-budget {report['time_budget_s']:g}`"
              + (f" `--trials {report['trials']}`" if report["trials"] else "")
+             + "".join(f" `-O {o}`" for o in report.get("tunecore_options", []))
              + (f", the CNNs' convs in layout `{report['layout']}` for both tuners"
                 if report.get("layout", "nchw") != "nchw" else "")
              + f"; MetaSchedule's `tune_relax` (evolutionary, xgb, {report.get('ms_trials_per_iter', 64)} per "

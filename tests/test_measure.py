@@ -208,6 +208,25 @@ def test_a_call_overhead_above_the_call_does_not_multiply_the_calls(target, monk
     assert asked[0].number * per_call < 4 * 0.05 * 1.5, (asked[0].number, per_call)
 
 
+def test_with_cache_flush_every_timing_is_one_call_after_a_flush(target, monkeypatch):
+    """TVM's evaluator flushes once per repeat and then makes ``number`` calls, more to fill ``min_repeat_ms``: all but
+    the first warm, so a flush would change nothing a tuner sees. With it, each timing is a single cold call."""
+    from tvm.s_tir.meta_schedule.runner import utils
+
+    from tunecore.measure.worker import time_function
+
+    library, device, args, per_call = _matmul_of_16_rows(target)
+    asked = []
+    monkeypatch.setattr(utils, "run_evaluator_common",
+                        lambda module, dev, config, a: asked.append(config) or [per_call] * config.repeat)
+    for flush in (False, True):
+        evaluator = dict(number=1, repeat=5, min_repeat_ms=20, enable_cpu_cache_flush=flush)
+        assert len(time_function(library, device, [args], evaluator, None)) == 5
+    warm, cold = asked
+    assert warm.number > 1 and warm.min_repeat_ms == 20 and not warm.enable_cpu_cache_flush
+    assert (cold.number, cold.repeat, cold.min_repeat_ms, cold.enable_cpu_cache_flush) == (1, 5, 0, True)
+
+
 def test_a_screened_candidate_is_timed_again_by_the_device(target):
     """Over RPC a call timed by the host carries the network's jitter, for a kernel of tens of microseconds several
     times the kernel: the screen's second look is timed on the device, so the best program itself, measured again,

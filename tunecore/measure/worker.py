@@ -261,7 +261,8 @@ def time_function(module: Any, device: Any, args: list, evaluator: dict[str, Any
     If it is slower than ``screen_above`` seconds, a second call is timed on the device (the first also pays for
     loading the library: page faults, symbol binding, which makes a kernel of tens of microseconds look several
     times slower); when that is too, the candidate is clearly not competitive and that single timing is returned.
-    Otherwise ``number`` is chosen from it so that TVM's evaluator needs no calibration runs.
+    Otherwise ``number`` is chosen from it so that TVM's evaluator needs no calibration runs; with
+    ``enable_cpu_cache_flush`` every timing is one call after a flush of all but the first argument.
     """
     import math
 
@@ -289,5 +290,10 @@ def time_function(module: Any, device: Any, args: list, evaluator: dict[str, Any
         if once > screen_above:
             return [once]
     config = dict(evaluator)
-    config["number"] = max(config["number"], math.ceil(config["min_repeat_ms"] / 1e3 / once))
+    if config.get("enable_cpu_cache_flush"):
+        # TVM flushes once per repeat, and min_repeat_ms adds warm calls to it: each timing is one call right after
+        # a flush (as Ansor's runner does), the cold weights a kernel sees inside a model too large for the cache.
+        config.update(number=1, min_repeat_ms=0)
+    else:
+        config["number"] = max(config["number"], math.ceil(config["min_repeat_ms"] / 1e3 / once))
     return [float(s) for s in run_evaluator_common(module, device, EvaluatorConfig(**config), args)]
