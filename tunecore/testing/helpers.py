@@ -197,6 +197,37 @@ def write_tiny_onnx(path, size=64):
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
 
 
+def write_inverted_residual_onnx(path):
+    """MobileNetV2's inverted residual block as ONNX (needs the `onnx` package): 24 channels expanded to 48 by a 1x1
+    conv with bias and relu6 (Clip), a depthwise 3x3 conv with bias and relu6, a 1x1 conv back to 24 with bias,
+    and the residual add; input 1x24x16x16. Where vectors hold 16 floats, 24 channels are blocked by 8 and 48 by 16."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+
+    def weight(name, *shape, scale=0.2):
+        return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype("float32"), name)
+
+    weights = [weight("We", 48, 24, 1, 1), weight("Be", 48), weight("Wd", 48, 1, 3, 3), weight("Bd", 48),
+               weight("Wp", 24, 48, 1, 1), weight("Bp", 24),
+               numpy_helper.from_array(np.array(0, "float32"), "zero"),
+               numpy_helper.from_array(np.array(6, "float32"), "six")]
+    nodes = [
+        helper.make_node("Conv", ["x", "We", "Be"], ["e"]),
+        helper.make_node("Clip", ["e", "zero", "six"], ["e6"]),
+        helper.make_node("Conv", ["e6", "Wd", "Bd"], ["d"], pads=[1, 1, 1, 1], group=48),
+        helper.make_node("Clip", ["d", "zero", "six"], ["d6"]),
+        helper.make_node("Conv", ["d6", "Wp", "Bp"], ["p"]),
+        helper.make_node("Add", ["p", "x"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "inverted_residual",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 24, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 24, 16, 16])], weights)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
 def write_small_cnn_onnx(path):
     """A small CNN as ONNX (needs the `onnx` package), for the layout paths: a 3-channel stem conv, a 3x3 conv
     16 -> 32 with bias and relu, a 1x1 conv with a residual add, a depthwise 3x3 conv with relu6 (Clip), a 1x1
