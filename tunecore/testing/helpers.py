@@ -171,12 +171,32 @@ class ArtifactSizeProfiler(Profiler):
         return {"artifact_bytes": float(os.path.getsize(artifact.path))}
 
 
+def _save_onnx(path, name, nodes, input_shape, output_shape, weights):
+    """A float32 graph from input ``x`` to output ``y``, saved as an opset-17 ONNX model."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, input_shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, output_shape)], weights)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def _cnn_weights(shapes):
+    """Seeded weights (name -> shape, 0.2 x standard normal, in order) and Clip's relu6 bounds "zero" and "six"."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(0)
+    return [numpy_helper.from_array((rng.standard_normal(shape) * 0.2).astype("float32"), name)
+            for name, shape in shapes.items()] + [numpy_helper.from_array(np.array(0, "float32"), "zero"),
+                                                  numpy_helper.from_array(np.array(6, "float32"), "six")]
+
+
 def write_tiny_onnx(path, size=64):
     """An ONNX model for tests (needs the `onnx` package): conv + relu + reshape + matmul with a dynamic batch
     dimension (3 tasks), input size x size."""
     import numpy as np
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     rng = np.random.default_rng(0)
     weights = [
@@ -191,29 +211,17 @@ def write_tiny_onnx(path, size=64):
         helper.make_node("Reshape", ["r", "shape"], ["f"]),
         helper.make_node("MatMul", ["f", "W2"], ["y"]),
     ]
-    graph = helper.make_graph(nodes, "tiny",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, size, size])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])], weights)
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    _save_onnx(path, "tiny", nodes, ["N", 3, size, size], [1, 10], weights)
 
 
 def write_inverted_residual_onnx(path):
     """MobileNetV2's inverted residual block as ONNX (needs the `onnx` package): 24 channels expanded to 48 by a 1x1
     conv with bias and relu6 (Clip), a depthwise 3x3 conv with bias and relu6, a 1x1 conv back to 24 with bias,
     and the residual add; input 1x24x16x16. Where vectors hold 16 floats, 24 channels are blocked by 8 and 48 by 16."""
-    import numpy as np
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper
 
-    rng = np.random.default_rng(0)
-
-    def weight(name, *shape, scale=0.2):
-        return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype("float32"), name)
-
-    weights = [weight("We", 48, 24, 1, 1), weight("Be", 48), weight("Wd", 48, 1, 3, 3), weight("Bd", 48),
-               weight("Wp", 24, 48, 1, 1), weight("Bp", 24),
-               numpy_helper.from_array(np.array(0, "float32"), "zero"),
-               numpy_helper.from_array(np.array(6, "float32"), "six")]
+    weights = _cnn_weights({"We": (48, 24, 1, 1), "Be": (48,), "Wd": (48, 1, 3, 3), "Bd": (48,),
+                            "Wp": (24, 48, 1, 1), "Bp": (24,)})
     nodes = [
         helper.make_node("Conv", ["x", "We", "Be"], ["e"]),
         helper.make_node("Clip", ["e", "zero", "six"], ["e6"]),
@@ -222,10 +230,7 @@ def write_inverted_residual_onnx(path):
         helper.make_node("Conv", ["d6", "Wp", "Bp"], ["p"]),
         helper.make_node("Add", ["p", "x"], ["y"]),
     ]
-    graph = helper.make_graph(nodes, "inverted_residual",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 24, 16, 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 24, 16, 16])], weights)
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    _save_onnx(path, "inverted_residual", nodes, [1, 24, 16, 16], [1, 24, 16, 16], weights)
 
 
 def write_small_cnn_onnx(path):
@@ -233,20 +238,11 @@ def write_small_cnn_onnx(path):
     16 -> 32 with bias and relu, a 1x1 conv with a residual add, a depthwise 3x3 conv with relu6 (Clip), a 1x1
     conv in 2 groups, a 1x1 conv to 24 channels (blocked by 8 where vectors hold 16 floats), global average
     pooling and a matmul; input 1x3x16x16. Every other channel count but the stem's is a multiple of 16."""
-    import numpy as np
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper
 
-    rng = np.random.default_rng(0)
-
-    def weight(name, *shape, scale=0.2):
-        return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype("float32"), name)
-
-    weights = [weight("W1", 16, 3, 3, 3), weight("B1", 16), weight("W2", 32, 16, 3, 3), weight("B2", 32),
-               weight("W3", 32, 32, 1, 1), weight("B3", 32), weight("W4", 32, 1, 3, 3), weight("W6", 32, 16, 1, 1),
-               weight("W7", 24, 32, 1, 1), weight("W5", 24, 10),
-               numpy_helper.from_array(np.array(0, "float32"), "zero"),
-               numpy_helper.from_array(np.array(6, "float32"), "six")]
+    weights = _cnn_weights({"W1": (16, 3, 3, 3), "B1": (16,), "W2": (32, 16, 3, 3), "B2": (32,),
+                            "W3": (32, 32, 1, 1), "B3": (32,), "W4": (32, 1, 3, 3), "W6": (32, 16, 1, 1),
+                            "W7": (24, 32, 1, 1), "W5": (24, 10)})
     nodes = [
         helper.make_node("Conv", ["x", "W1", "B1"], ["c1"], pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["c1"], ["r1"]),
@@ -263,7 +259,4 @@ def write_small_cnn_onnx(path):
         helper.make_node("Flatten", ["p"], ["f"]),
         helper.make_node("MatMul", ["f", "W5"], ["y"]),
     ]
-    graph = helper.make_graph(nodes, "small_cnn",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])], weights)
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    _save_onnx(path, "small_cnn", nodes, [1, 3, 16, 16], [1, 10], weights)
