@@ -3,6 +3,8 @@ against PyTorch eager on the same GPU. Run on the GPU machine (TVM with its comp
 
     python bench/gpu.py ops [--ops matmul-1024,conv2d-resnet50-c2,dense-bert] [--trials 128] [--work DIR]
     python bench/gpu.py network [--model resnet-18] [--trials 400] [--work DIR]
+    python bench/gpu.py network-export [--model resnet-18] --target JSON --store S --work DIR   # where TVM is
+    python bench/gpu.py network-time DIR [DIR...]      # on the GPU machine, TVM's runtime alone
     python bench/gpu.py report --work DIR [DIR...]   # bench/results/gpu.{json,md}
 
 `ops`: per operator, `tunecore run --target cuda` with ansor+xgb, tlm and random search, and MetaSchedule's
@@ -13,6 +15,10 @@ host CPU). `network`: `tunecore run --model zoo:NET --target cuda`, then `tuneco
 default GPU schedules, dlight; outputs compared) and PyTorch eager on the same GPU with the same weights
 layout-free (torchvision-equivalent plain torch, bench/torch_nets.py), timed by CUDA events.
 Each step is resumable: finished runs are kept in --work.
+`network-export` / `network-time`: the same comparison where the GPU machine has no TVM compiler: the network is
+built here with the store's best records and without (TVM's default GPU schedules), with the outputs of its
+untuned build on the host CPU as the reference; there, both builds are loaded with TVM's runtime (their CUDA
+compiled by the batch runner's callback), checked against that reference and timed beside PyTorch eager.
 """
 
 from __future__ import annotations
@@ -115,6 +121,78 @@ def network(args) -> None:
     print(json.dumps(report, indent=2)[:3000], file=sys.stderr)
 
 
+def network_export(args) -> None:
+    from tvm.s_tir import meta_schedule as ms
+
+    from tunecore import api
+    from tunecore.compile import Runnable, best_database, build, input_specs, inputs_of
+    from tunecore.targets import host_target, resolve_target
+    from tunecore.workloads import extract_tasks, load_workload
+
+    os.makedirs(args.work, exist_ok=True)
+    workload, target = load_workload(f"zoo:{args.model}"), resolve_target(args.target)
+    store = api.open_store(args.store, create=False)
+    try:
+        tasks = extract_tasks(workload, target)
+        database, covered = best_database(store, tasks, target)
+        best_ms = {t.name: r[0].latency * 1e3 for t in tasks if (r := store.best(t.task_id, k=1))}
+    finally:
+        store.close()
+    build(workload, target, database).export_library(os.path.join(args.work, "tuned.so"))
+    build(workload, target, ms.database.MemoryDatabase()).export_library(os.path.join(args.work, "untuned.so"))
+    specs = input_specs(workload)
+    cpu = Runnable(build(workload, host_target(), ms.database.MemoryDatabase()), workload, host_target(),
+                   inputs_of(specs))
+    np.savez(os.path.join(args.work, "reference.npz"), *cpu.outputs())
+    attrs = workload.mod["main"].attrs
+    with open(os.path.join(args.work, "network.json"), "w") as f:
+        json.dump({"model": args.model, "specs": specs, "target": args.target, "kind": target.kind.name,
+                   "store": args.store,
+                   "num_input": int(attrs["num_input"]) if "num_input" in attrs else None,
+                   "tasks_total": len(tasks), "tasks_tuned": covered, "records_best_ms": best_ms}, f, indent=1)
+    print(f"{args.work}: {args.model} with {covered}/{len(tasks)} tasks tuned", file=sys.stderr)
+
+
+def network_time(args) -> None:
+    """Each network directory: tuned and untuned loaded with TVM's runtime, checked against the host CPU's outputs,
+    then timed in alternating passes beside PyTorch eager (median and min-max of 8 passes)."""
+    import tvm
+
+    from tunecore.check import mismatch
+    from tunecore.compile import Runnable, inputs_of
+    from tunecore.measure.batch import Cubins, load_runtime_sidecars, use_cubins
+
+    load_runtime_sidecars()
+    for directory in args.directories:
+        meta = json.load(open(os.path.join(directory, "network.json")))
+        device = tvm.cpu(0) if meta["kind"] in ("llvm", "c") else tvm.device(meta["kind"], 0)
+        if meta["kind"] == "cuda":
+            use_cubins(Cubins(directory, "sm_" + device.compute_version.replace(".", "")))
+        inputs = inputs_of([(tuple(s), d, n) for s, d, n in meta["specs"]])
+        with np.load(os.path.join(directory, "reference.npz")) as saved:
+            reference = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+        report = {**meta, "gpu": gpu_line(), "specs": len(meta["specs"])}
+        runs = {}
+        for build in ("tuned", "untuned"):
+            runs[build] = Runnable.network(tvm.runtime.load_module(os.path.join(directory, f"{build}.so")), device,
+                                           inputs, meta["num_input"])
+            error, wrong = mismatch(runs[build].outputs(), reference)
+            report[f"{build}_against_cpu"] = {"max_relative_error": error, "wrong": wrong}
+        passes: dict[str, list[float]] = {"tuned": [], "untuned": []}
+        for _ in range(8):
+            for build, run in runs.items():
+                passes[build].append(run.time(5, 100) * 1e3)
+        for build, values in passes.items():
+            report[f"{build}_ms"] = {"median": float(np.median(values)), "min": min(values), "max": max(values)}
+        try:
+            report["pytorch_eager_ms"] = torch_eager_ms(meta["model"])
+        except Exception as error:
+            report["pytorch_error"] = f"{type(error).__name__}: {error}"
+        with open(os.path.join(directory, f"network-time-{meta['model']}.json"), "w") as f:
+            json.dump(report, f, indent=2)
+        print(json.dumps(report, indent=1)[:3000], file=sys.stderr)
+
+
 def torch_eager_ms(model: str) -> dict:
     """PyTorch eager on the GPU: median and min-max over 8 passes of the mean of 50 calls (CUDA events)."""
     import torch
@@ -145,6 +223,11 @@ def report(args) -> None:
     """Merge the work directories' results (with ``gpu.json``, the device line ``ops`` writes) and the GPU
     dataset's counts."""
     merged: dict = {"benchmark": "gpu", "ops": {}, "during_runs": {}, "networks": {}, "command": command_line("gpu.py")}
+    if args.previous:  # an earlier session's results, kept where this one did not run them again
+        previous = json.load(open(args.previous))
+        for key in ("ops", "during_runs", "networks", "networks_runtime_only"):
+            merged[key] = previous.get(key, {}) or {}
+        merged["previous"] = {"command": previous.get("command"), "gpu": previous.get("gpu")}
     for work in args.work_dirs:
         path = os.path.join(work, "ops.json")
         if os.path.exists(path):
@@ -158,7 +241,10 @@ def report(args) -> None:
                 merged["during_runs"][key] = {k: run.get(k) for k in ("wall_s", "measured", "errors",
                                                                          "best_latency_s")}
         for name in os.listdir(work):
-            if name.startswith("network-") and name.endswith(".json"):
+            if name.startswith("network-time-") and name.endswith(".json"):
+                data = json.load(open(os.path.join(work, name)))
+                merged.setdefault("networks_runtime_only", {})[data["model"]] = data
+            elif name.startswith("network-") and name.endswith(".json"):
                 data = json.load(open(os.path.join(work, name)))
                 merged["networks"][data["model"]] = data
     if args.dataset and os.path.exists(args.dataset):
@@ -239,6 +325,28 @@ def markdown(report: dict) -> str:
                       f"torch {eager.get('torch', '?')})"]
         else:
             lines.append(f"- compile failed: {data.get('compile_error', '')[-500:]}")
+    for model, data in report.get("networks_runtime_only", {}).items():
+        lines += ["", f"## {model}: built on the CPU machine, run on the GPU with TVM's runtime alone", "",
+                  f"Schedules: the best record of each task in `{data['store']}` ({data['tasks_tuned']}/"
+                  f"{data['tasks_total']} tasks), each measured on this GPU; untuned: TVM's default GPU schedules "
+                  "(dlight). Outputs against the untuned build's on the host CPU, same seeded inputs and weights. "
+                  "Median of 8 alternating passes (min-max); each pass the median of 5 timings of >= 100 ms. "
+                  "PyTorch eager: the same architecture (bench/torch_nets.py), its own random weights, CUDA events, "
+                  "median of 8 passes of 50 calls.", "",
+                  "| build | ms | min-max | vs PyTorch eager | outputs vs CPU (max rel. error) |",
+                  "|---|---:|---:|---:|---|"]
+        eager = data.get("pytorch_eager_ms", {}).get("median")
+        for build in ("tuned", "untuned"):
+            t, check = data[f"{build}_ms"], data[f"{build}_against_cpu"]
+            ratio = f"{t['median'] / eager:.2f}x" if eager else "-"
+            lines.append(f"| {build} | {t['median']:.3f} | {t['min']:.3f}-{t['max']:.3f} | {ratio} | "
+                         f"{'match' if check['wrong'] is None else 'DIFFER'} ({check['max_relative_error']:.2g}) |")
+        if eager:
+            e = data["pytorch_eager_ms"]
+            lines.append(f"| PyTorch eager (torch {e['torch']}) | {e['median']:.3f} | {e['min']:.3f}-{e['max']:.3f} "
+                         "| 1.00x | - |")
+        else:
+            lines.append(f"| PyTorch eager | failed: {data.get('pytorch_error', '')[:200]} | | | |")
     lines += ["", f"Command: `{report['command']}`", ""]
     return "\n".join(lines)
 
@@ -256,13 +364,23 @@ def main() -> None:
     n.add_argument("--model", default="resnet-18", choices=("resnet-18", "mobilenet-v2"))
     n.add_argument("--trials", type=int, default=400)
     n.add_argument("--work", default="/tmp/tunecore-bench-gpu")
+    e = sub.add_parser("network-export")
+    e.add_argument("--model", default="resnet-18", choices=("resnet-18", "mobilenet-v2"))
+    e.add_argument("--target", required=True, help="the GPU's target (a JSON target, as the batches use)")
+    e.add_argument("--store", required=True, help="records measured on that GPU")
+    e.add_argument("--work", required=True, help="the directory to write (then carried to the GPU machine)")
+    t = sub.add_parser("network-time")
+    t.add_argument("directories", nargs="+")
     r = sub.add_parser("report")
     r.add_argument("work_dirs", nargs="+")
+    r.add_argument("--previous", default=None,
+                   help="an earlier gpu.json: its tables are kept where these work dirs do not have them")
     r.add_argument("--dataset", default=os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                                      "datasets", "gpu-h100.parquet"))
     args = parser.parse_args()
     started = time.time()
-    {"ops": ops, "network": network, "report": report}[args.step](args)
+    {"ops": ops, "network": network, "network-export": network_export, "network-time": network_time,
+     "report": report}[args.step](args)
     print(f"{args.step}: {time.time() - started:.0f} s", file=sys.stderr)
 
 

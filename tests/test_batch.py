@@ -34,7 +34,7 @@ def batch(tmp_path_factory):
 
 def test_a_batch_is_timed_with_the_runtime_alone_checked_and_imported_as_rows(batch, tmp_path):
     summary = run_batch_runtime_only(batch)
-    assert summary == {"device": summary["device"], "programs": 5, "failed": 0}
+    assert summary == {"device": summary["device"], "programs": 5, "failed": 0, "cubins": None}
     results = json.load(open(batch / "results.json"))["results"]
     assert all(len(r["run_secs"]) == 5 and r["max_relative_error"] < 1e-5 for r in results.values())
     assert run_batch_runtime_only(batch)["programs"] == 5  # resumes: nothing timed twice
@@ -88,6 +88,13 @@ def test_a_cuda_batch_built_without_a_gpu_names_its_kernels(tmp_path):
     manifest = json.load(open(tmp_path / "b" / "manifest.json"))
     assert all(p["kernels"] and p["kernels"][0] == "main_kernel" for p in manifest["programs"])
     assert manifest["target"]["arch"] == "sm_90"
+    # the source read back from a library is whole: what the runtime will hand its compile callback
+    from tunecore.measure.batch import compile_cuda, cuda_source
+
+    source = cuda_source(str(tmp_path / "b" / manifest["programs"][0]["library"]))
+    assert 'extern "C" __global__' in source and source.rstrip().endswith("}")
+    if __import__("shutil").which("nvcc"):
+        assert compile_cuda(source, "sm_90")[:4] == b"\x7fELF"
     (task,) = manifest["tasks"].values()
     assert task["reference"] and os.path.exists(tmp_path / "b" / task["reference"])
 
@@ -146,19 +153,23 @@ def test_sampling_a_gpu_space_is_not_stopped_by_its_many_invalid_samples():
 
 
 @pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="needs nvcc (the CUDA toolkit)")
-def test_without_the_compiler_the_batch_runner_compiles_a_librarys_cuda_source_itself():
+def test_without_the_compiler_the_batch_runner_compiles_a_librarys_cuda_source_itself(tmp_path):
     """On the H100 the runtime alone could not load libraries built without a GPU (they carry CUDA source, and TVM's
-    compile callback asks the missing compiler for the target): the batch runner's own callback makes a cubin."""
+    compile callback asks the missing compiler for the target): the batch runner's own callback hands the runtime
+    a cubin, compiled once and kept in the batch (a second load, or the profiler's run, compiles nothing)."""
     kernel = 'extern "C" __global__ void main_kernel(float* a) { a[threadIdx.x] = 1.0f; }'
     code = "\n".join([
         "import sys, tvm, tvm_ffi",
-        "from tunecore.measure.batch import compile_cuda_here",
+        "from tunecore.measure.batch import Cubins, use_cubins",
         "assert tvm.base._RUNTIME_ONLY",
-        "compile_cuda_here('sm_90')",
-        "out = bytes(tvm_ffi.get_global_func('tvm_callback_cuda_compile')(sys.argv[1]))",
-        "print(out[:4].hex())",
+        "cubins = Cubins(sys.argv[2], 'sm_90')",
+        "use_cubins(cubins)",
+        "compile = tvm_ffi.get_global_func('tvm_callback_cuda_compile')",
+        "out = [bytes(compile(sys.argv[1])) for _ in range(2)]",
+        "print(out[0] == out[1], cubins.counts['on_load'], cubins.counts['cached'], out[0][:4].hex())",
     ])
-    done = subprocess.run([sys.executable, "-c", code, kernel], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", code, kernel, str(tmp_path)], capture_output=True, text=True,
                           env=dict(os.environ, TVM_USE_RUNTIME_LIB="1"), timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split()[-1] == "7f454c46"  # an ELF: the cubin
+    assert done.stdout.split() == ["True", "1", "1", "7f454c46"]  # an ELF: the cubin, compiled once
+    assert len(list((tmp_path / "cubins").glob("*.sm_90.cubin"))) == 1

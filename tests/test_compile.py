@@ -161,3 +161,25 @@ def test_weights_are_packed_once_when_compiled_not_on_every_call(tmp_path, targe
     inputs = random_inputs(workload)
     untuned = Runnable(build(workload, target, ms.database.MemoryDatabase()), workload, target, inputs)
     assert max_relative_error(Runnable(executable, workload, target, inputs).outputs(), untuned.outputs()) < 1e-4
+
+
+def test_a_network_library_runs_where_only_tvms_runtime_is(tmp_path):
+    """The GPU bench builds a network on one machine and runs it on another: exported, loaded back and run by the
+    relax VM from the runtime alone (Runnable.network, inputs from their specs) it gives the same outputs."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from tunecore.compile import Runnable, build, input_specs, inputs_of, random_inputs
+    from tunecore.targets import host_target
+    from tunecore.workloads import load_workload
+
+    model = tmp_path / "tiny.onnx"
+    write_tiny_onnx(str(model))
+    workload, target = load_workload(str(model)), host_target()
+    executable = build(workload, target, ms.database.MemoryDatabase())
+    executable.export_library(str(tmp_path / "net.so"))
+    specs = input_specs(workload)
+    assert [x.tolist() for x in inputs_of(specs)] == [x.tolist() for x in random_inputs(workload)]
+    loaded = Runnable.network(tvm.runtime.load_module(str(tmp_path / "net.so")), tvm.cpu(0), inputs_of(specs), None)
+    (got,), (expected,) = loaded.outputs(), Runnable(executable, workload, target, inputs_of(specs)).outputs()
+    assert got.shape == expected.shape and np.array_equal(got, expected)

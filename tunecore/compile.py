@@ -158,18 +158,26 @@ def _device(target: Any) -> Any:
 
 def random_inputs(workload: Workload, seed: int = 0) -> list[np.ndarray]:
     """Inputs for every parameter of the workload: small floats, small non-negative integers (token ids)."""
+    return inputs_of(input_specs(workload), seed)
+
+
+def input_specs(workload: Workload) -> list[tuple[tuple[int, ...], str, str]]:
+    """(shape, dtype, name) of every parameter of the workload."""
     from tvm import relax
 
-    rng = np.random.default_rng(seed)
     if workload.is_network:
         func = workload.mod["main"]
         if any(not isinstance(p.ty, relax.TensorType) for p in func.params):
             raise UsageError(f"{workload.name}: only models whose inputs are all tensors can be compiled and checked")
-        specs = [(tuple(int(d) for d in p.ty.shape), str(p.ty.dtype), p.name) for p in func.params]
-    else:
-        from tvm.s_tir import meta_schedule as ms
+        return [(tuple(int(d) for d in p.ty.shape), str(p.ty.dtype), p.name) for p in func.params]
+    from tvm.s_tir import meta_schedule as ms
 
-        specs = [(tuple(a.shape), str(a.dtype), "") for a in ms.arg_info.ArgInfo.from_prim_func(workload.mod["main"])]
+    return [(tuple(a.shape), str(a.dtype), "") for a in ms.arg_info.ArgInfo.from_prim_func(workload.mod["main"])]
+
+
+def inputs_of(specs: list, seed: int = 0) -> list[np.ndarray]:
+    """random_inputs from the specs alone (numpy only: also where TVM's compiler is absent)."""
+    rng = np.random.default_rng(seed)
     return [random_array(shape, dtype, rng, weight=name.endswith(".weight"), integers=(0, 16))
             for shape, dtype, name in specs]
 
@@ -178,20 +186,33 @@ class Runnable:
     """Calls and times an executable the same way for networks (Relax VM) and single operators."""
 
     def __init__(self, executable: Any, workload: Workload, target: Any, inputs: list[np.ndarray]):
-        import tvm
-        from tvm import relax
+        attrs = workload.mod["main"].attrs
+        self._start(executable, _device(target), inputs, workload.is_network,
+                    int(attrs["num_input"]) if workload.is_network and "num_input" in attrs else None)
 
-        self.device = _device(target)
+    @classmethod
+    def network(cls, executable: Any, device: Any, inputs: list[np.ndarray], num_input: int | None) -> Runnable:
+        """A network's executable loaded with TVM's runtime alone (no workload: ``num_input`` is its main's
+        attribute, the count of inputs before the weights)."""
+        runnable = cls.__new__(cls)
+        runnable._start(executable, device, inputs, True, num_input)
+        return runnable
+
+    def _start(self, executable: Any, device: Any, inputs: list[np.ndarray], is_network: bool,
+               num_input: int | None) -> None:
+        import tvm
+
+        self.device = device
         self.args = [tvm.runtime.tensor(x, self.device) for x in inputs]
-        self.is_network = workload.is_network
+        self.is_network = is_network
         if self.is_network:
-            self.vm = relax.VirtualMachine(executable, self.device)
-            attrs = workload.mod["main"].attrs
-            if "num_input" in attrs and self.vm.module.implements_function("main_transform_params"):
+            from tvm.runtime.vm import VirtualMachine
+
+            self.vm = VirtualMachine(executable, self.device)
+            if num_input is not None and self.vm.module.implements_function("main_transform_params"):
                 # weights packed once, as a deployment does after loading them
-                inputs_count = int(attrs["num_input"])
-                weights = self.vm["main_transform_params"](self.args[inputs_count:])
-                self.args = [*self.args[:inputs_count], *weights]
+                weights = self.vm["main_transform_params"](self.args[num_input:])
+                self.args = [*self.args[:num_input], *weights]
         else:
             self.module = executable
             self.output = self.args[-1]

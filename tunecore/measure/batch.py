@@ -27,6 +27,7 @@ from tunecore.data import spread
 MANIFEST = "manifest.json"
 RESULTS = "results.json"
 PROFILES = "profiles.json"  # program id -> profile metrics (a profiler's, e.g. tunecore_ncu_costmodel's)
+CUBINS = "cubins"
 
 
 def write_manifest(directory: str, target_json: str, tasks: dict[str, dict], programs: list[dict]) -> None:
@@ -65,26 +66,105 @@ def load_runtime_sidecars() -> None:
                 pass
 
 
-def compile_cuda_here(arch: str) -> None:
-    """Without TVM's compiler, compile the CUDA source a library carries (what TVM's build leaves in it on a machine
-    without a GPU; TVM compiles it when the library is loaded) for ``arch``: TVM's own compile callback asks the
-    compiler's current target for the architecture, which the runtime alone does not have. NVRTC when
-    ``cuda-bindings`` is installed (milliseconds), else ``nvcc --cubin``."""
-    import tvm
+def cuda_source(library: str) -> str | None:
+    """The CUDA source a library built for a GPU carries, or None (a CPU library). TVM 0.27's build leaves CUDA
+    uncompiled: the library embeds a module blob of format ``cuda`` (the format string, the kernels' launch
+    information, then the source as its last field, each length-prefixed), and the runtime compiles the source
+    through ``tvm_callback_cuda_compile`` when the library is loaded."""
+    import struct
 
-    if not tvm.base._RUNTIME_ONLY:
-        return
-    import tvm_ffi
+    with open(library, "rb") as f:
+        data = f.read()
+    key = struct.pack("<Q", 4) + b"cuda"
+    at = data.find(key)
+    if at < 0:
+        return None
+    (size,) = struct.unpack_from("<Q", data, at + len(key))
+    start, end = at + len(key) + 8, at + len(key) + 8 + size
+    for position in range(start, end - 8):  # the source is the blob's last length-prefixed field
+        if struct.unpack_from("<Q", data, position)[0] == end - position - 8:
+            return data[position + 8:end].decode()
+    return None
 
-    @tvm_ffi.register_global_func("tvm_callback_cuda_compile", override=True)
-    def compile_for_this_gpu(code: str, *_: Any) -> bytes:
-        try:
-            import cuda.bindings.nvrtc  # noqa: F401
-        except ImportError:
-            return _nvcc_cubin(code, arch)
+
+def compile_cuda(code: str, arch: str) -> bytes:
+    """A cubin of ``code`` for ``arch``: NVRTC when ``cuda-bindings`` is installed (as TVM's own callback does), else
+    or where NVRTC fails, ``nvcc --cubin -O3``."""
+    try:
         from tvm.support import nvcc
 
         return nvcc.compile_cuda(code, target_format="cubin", arch=arch, compiler="nvrtc")
+    except Exception as error:
+        nvrtc_error = str(error).strip().splitlines()[-1:] if str(error).strip() else [type(error).__name__]
+    try:
+        return _nvcc_cubin(code, arch)
+    except Exception as error:
+        raise RuntimeError(f"{error} (NVRTC: {nvrtc_error[0][:200]})") from None
+
+
+class Cubins:
+    """The batch's compiled CUDA, ``DIR/cubins/<sha256 of the source>.<arch>.cubin``, made ahead of the timing by a
+    pool of processes (compiling takes seconds a program, timing a tenth of that) and handed to TVM's runtime by
+    its compile callback; a source not made ahead is compiled when its library is loaded. Kept in the batch, so
+    a resumed run or the profiler's run compiles nothing twice."""
+
+    def __init__(self, directory: str, arch: str):
+        self.directory, self.arch = os.path.join(directory, CUBINS), arch
+        self.pending: dict[str, Any] = {}
+        self.pool: Any = None
+        self.counts = {"ahead": 0, "on_load": 0, "cached": 0}
+        os.makedirs(self.directory, exist_ok=True)
+
+    def path(self, code: str) -> str:
+        import hashlib
+
+        return os.path.join(self.directory, f"{hashlib.sha256(code.encode()).hexdigest()}.{self.arch}.cubin")
+
+    def ahead(self, libraries: list[str], workers: int) -> None:
+        """Compile the CUDA of ``libraries`` in this order, ``workers`` at a time, in the background."""
+        import concurrent.futures
+        import multiprocessing
+
+        if workers < 1:
+            return
+        self.pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+        for library in libraries:
+            code = cuda_source(library)
+            path = None if code is None else self.path(code)
+            if path and path not in self.pending and not os.path.exists(path):
+                self.pending[path] = self.pool.submit(_write_library_cubin, library, self.arch, path)
+
+    def get(self, code: str) -> bytes:
+        path = self.path(code)
+        made_ahead = self.pending.pop(path, None)
+        if made_ahead is not None:
+            try:
+                made_ahead.result()
+            except Exception:  # a broken pool, or this source's own error: compiled below, where it is raised
+                pass
+        if os.path.exists(path):
+            self.counts["ahead" if made_ahead is not None else "cached"] += 1
+        else:
+            _write_cubin(code, self.arch, path)
+            self.counts["on_load"] += 1
+        with open(path, "rb") as f:
+            return f.read()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _write_library_cubin(library: str, arch: str, path: str) -> None:
+    """(the source is read in the process that compiles it rather than sent to it)"""
+    _write_cubin(cuda_source(library) or "", arch, path)
+
+
+def _write_cubin(code: str, arch: str, path: str) -> None:
+    binary = compile_cuda(code, arch)
+    with open(f"{path}.{os.getpid()}", "wb") as f:
+        f.write(binary)
+    os.replace(f"{path}.{os.getpid()}", path)
 
 
 def _nvcc_cubin(code: str, arch: str) -> bytes:
@@ -103,6 +183,17 @@ def _nvcc_cubin(code: str, arch: str) -> bytes:
             return f.read()
 
 
+def use_cubins(cubins: Cubins) -> None:
+    """TVM's runtime compiles a library's CUDA source when the library is loaded, through its compile callback;
+    this one takes the batch's cubins (TVM's own callback, where the compiler is installed, asks the compiler's
+    current target for the architecture, which the runtime alone does not have)."""
+    import tvm_ffi
+
+    @tvm_ffi.register_global_func("tvm_callback_cuda_compile", override=True)
+    def compile_for_this_gpu(code: str, *_: Any) -> bytes:
+        return cubins.get(code)
+
+
 def describe_device(kind: str, device: Any) -> dict[str, Any]:
     """The device as tunecore.targets.device_descriptor describes it, from the runtime alone (a CPU: by its
     model string only)."""
@@ -117,19 +208,38 @@ def describe_device(kind: str, device: Any) -> dict[str, Any]:
 
 
 def run_batch(directory: str, *, repeat: int = 5, min_repeat_ms: float = 20.0, max_spread: float = 0.02,
-              save_every: float = 30.0, log: Any = sys.stderr) -> dict[str, Any]:
+              save_every: float = 30.0, compile_workers: int | None = None, limit_s: float | None = None,
+              log: Any = sys.stderr) -> dict[str, Any]:
     """Time and check every program of the batch not timed yet; returns the results file's content. A program
     whose timings spread (std/mean) more than ``max_spread`` is timed once more and flagged if it still does
-    (tunecore.dataset.protocol's ``label.*`` entries)."""
-    manifest, kind, device = _open_batch(directory)
+    (tunecore.dataset.protocol's ``label.*`` entries). CUDA is compiled ahead by ``compile_workers`` processes
+    (default: the cores less one); after ``limit_s`` seconds the run stops and saves (run it again to resume)."""
+    started = time.perf_counter()
+    manifest, kind, device, cubins = _open_batch(directory)
     if not device.exist:
         raise RuntimeError(f"there is no {kind} device on this machine")
     done = read_results(directory)
     done["device"] = describe_device(kind, device)
-    results = done["results"]
-    saved = time.perf_counter()
     references: dict[str, tuple[list, dict[int, Any]] | None] = {}
-    todo = [p for p in manifest["programs"] if "library" in p and p["id"] not in results]
+    todo = [p for p in manifest["programs"] if "library" in p and p["id"] not in done["results"]]
+    if cubins is not None:
+        workers = max(1, (os.cpu_count() or 2) - 1) if compile_workers is None else compile_workers
+        cubins.ahead([os.path.join(directory, p["library"]) for p in todo], workers)
+    try:
+        _time_programs(directory, manifest, todo, device, done, references, repeat, min_repeat_ms, max_spread,
+                       save_every, limit_s, started, log)
+    finally:
+        if cubins is not None:
+            cubins.close()
+            done["cubins"] = {k: done.get("cubins", {}).get(k, 0) + v for k, v in cubins.counts.items()}
+        _save(directory, done)
+    return done
+
+
+def _time_programs(directory: str, manifest: dict, todo: list[dict], device: Any, done: dict, references: dict,
+                   repeat: int, min_repeat_ms: float, max_spread: float, save_every: float, limit_s: float | None,
+                   started: float, log: Any) -> None:
+    results, saved = done["results"], time.perf_counter()
     for count, program in enumerate(todo, 1):
         task = manifest["tasks"][program["task"]]
         if program["task"] not in references:
@@ -149,8 +259,10 @@ def run_batch(directory: str, *, repeat: int = 5, min_repeat_ms: float = 20.0, m
             _save(directory, done)
             saved = time.perf_counter()
             print(f"{count}/{len(todo)} timed", file=log, flush=True)
-    _save(directory, done)
-    return done
+        if limit_s is not None and time.perf_counter() - started > limit_s:
+            print(f"{count}/{len(todo)} timed: stopped after {limit_s:.0f} s (run again to resume)", file=log,
+                  flush=True)
+            return
 
 
 def _reference(directory: str, task: dict) -> tuple[list, dict[int, Any]] | None:
@@ -165,9 +277,9 @@ def _reference(directory: str, task: dict) -> tuple[list, dict[int, Any]] | None
     return task_inputs(task["args"], task["weights"]), outputs
 
 
-def _open_batch(directory: str) -> tuple[dict, str, Any]:
-    """The batch's manifest, its target's kind and this machine's device of that kind, ready to load its
-    libraries (the runtime's sidecars loaded, CUDA source compiled for this GPU)."""
+def _open_batch(directory: str) -> tuple[dict, str, Any, Cubins | None]:
+    """The batch's manifest, its target's kind, this machine's device of that kind, and for CUDA the batch's
+    cubins for this GPU, handed to the runtime when it loads a library (the runtime's sidecars loaded)."""
     import tvm
 
     load_runtime_sidecars()
@@ -175,9 +287,11 @@ def _open_batch(directory: str) -> tuple[dict, str, Any]:
         manifest = json.load(f)
     kind = manifest["target"]["kind"]
     device = tvm.cpu(0) if kind in ("llvm", "c") else tvm.device(kind, 0)
+    cubins = None
     if kind == "cuda" and device.exist:
-        compile_cuda_here("sm_" + device.compute_version.replace(".", ""))
-    return manifest, kind, device
+        cubins = Cubins(directory, "sm_" + device.compute_version.replace(".", ""))
+        use_cubins(cubins)
+    return manifest, kind, device, cubins
 
 
 def _random_arguments(program: dict, device: Any, rng: Any) -> list:
@@ -229,7 +343,7 @@ def call_once(directory: str, ids: list[str] | None = None, log: Any = sys.stder
     import numpy as np
     import tvm
 
-    manifest, _, device = _open_batch(directory)
+    manifest, _, device, _ = _open_batch(directory)
     wanted = None if ids is None else set(ids)
     calls: list[list] = []
     rng = np.random.default_rng(0)
@@ -255,10 +369,8 @@ def device_kernels(library: str) -> list[str]:
     (for matching a profiler's kernel launches to programs); [] for a CPU library."""
     import re
 
-    with open(library, "rb") as f:
-        data = f.read()
-    pattern = rb'__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\([^;{]*\) ?\{'
-    return [m.decode() for m in dict.fromkeys(re.findall(pattern, data))]
+    pattern = r'__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\([^;{]*\) ?\{'
+    return list(dict.fromkeys(re.findall(pattern, cuda_source(library) or "")))
 
 
 def _save(directory: str, done: dict[str, Any]) -> None:
@@ -275,6 +387,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("directory", help="a batch directory written by `tunecore dataset export-batch`")
     parser.add_argument("--repeat", type=int, default=5, help="timings per program (default 5)")
     parser.add_argument("--min-repeat-ms", type=float, default=20.0, help="milliseconds per timing (default 20)")
+    parser.add_argument("--compile-workers", type=int, default=None,
+                        help="processes compiling CUDA ahead of the timing (default: the cores less one)")
+    parser.add_argument("--limit-s", type=float, default=None, help="stop after this many seconds (resumable)")
     parser.add_argument("--call-once", metavar="IDS", nargs="?", const="",
                         help="call each program once, untimed (for a profiler), or only those listed in the JSON "
                              "file IDS")
@@ -287,9 +402,11 @@ def main(argv: list[str] | None = None) -> int:
         calls = call_once(args.directory, ids)
         print(json.dumps({"called": len(calls), "failed": sum(c[1] is not None for c in calls)}))
         return 0
-    done = run_batch(args.directory, repeat=args.repeat, min_repeat_ms=args.min_repeat_ms)
+    done = run_batch(args.directory, repeat=args.repeat, min_repeat_ms=args.min_repeat_ms,
+                     compile_workers=args.compile_workers, limit_s=args.limit_s)
     failed = sum(r["error"] is not None for r in done["results"].values())
-    print(json.dumps({"device": done["device"], "programs": len(done["results"]), "failed": failed}))
+    print(json.dumps({"device": done["device"], "programs": len(done["results"]), "failed": failed,
+                      "cubins": done.get("cubins")}))
     return 0
 
 

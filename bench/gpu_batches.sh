@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# One device call that times and profiles batches built on the CPU machine, on a GPU machine with TVM's runtime alone
+# (docs/gpu.md, "Without TVM's compiler"): no compiler part travels, so the whole call goes to the GPU.
+#
+#   OUT=... bash bench/gpu_batches.sh SECONDS DIR
+#
+# DIR holds what was carried: the apache-tvm-ffi wheel, tvm-runtime.tar.xz and dist-info.tar (bench/gpu_carry.sh),
+# batch archives b-*.tar.xz (`tunecore dataset export-batch` directories, xz) and network directories net-*.tar.xz
+# (`python bench/gpu.py network-export`). In order, until SECONDS have passed: a smoke test (the first programs of
+# the first batch: the call stops there if none runs), the networks against PyTorch eager, the first batch timed
+# whole, its programs profiled by ncu for at most NCU_SECONDS (default a third of what is left), then the other
+# batches timed. Every step resumes where it stopped; $OUT gets results.tar.xz (every batch's results, profiles,
+# ncu output and calls; the networks' reports; the logs), never the libraries.
+set -uo pipefail
+START=$SECONDS
+LIMIT=${1:?seconds}
+CARRIED=${2:?the carried directory}
+W=${GS_WORK:-/tmp/gs}
+left() { echo $((LIMIT - (SECONDS - START))); }
+pack() {
+  (cd "$W" && find . -maxdepth 2 \( -name '*.json' -o -name '*.csv' -o -name '*.log' \) ! -name manifest.json \
+    ! -name network.json | tar -cJf "$OUT/results.tar.xz" -T -)
+  echo "packed: $(du -b "$OUT/results.tar.xz" | cut -f1) bytes; $(($(date +%s) - T0)) s"
+}
+T0=$(date +%s)
+mkdir -p .whl .gpu "$W"
+cp "$CARRIED"/*.whl .whl/ && cp "$CARRIED"/tvm-runtime.tar.xz "$CARRIED"/dist-info.tar .gpu/
+source bench/gpu_device.sh
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.sm --format=csv,noheader | tee "$W/gpu.log"
+{ nvidia-smi | sed -n 3p; nvcc --version | tail -1; ncu --version | tail -1; python3 --version; nproc; } >> "$W/gpu.log"
+for archive in "$CARRIED"/b-*.tar.xz "$CARRIED"/net-*.tar.xz; do
+  [ -f "$archive" ] && [ ! -d "$W/$(basename "$archive" .tar.xz)" ] && tar -xJf "$archive" -C "$W" &
+done
+wait
+cat "$W/gpu.log"
+BATCHES=$(ls -d "$W"/b-* 2>/dev/null)
+FIRST=$(echo "$BATCHES" | head -n 1)
+TIME="python3 -m tunecore.measure.batch"
+
+# smoke: a few programs of the first batch; a call in which nothing runs ends here, with the reason
+$TIME "$FIRST" --limit-s 1 2>&1 | tail -n 2 | tee -a "$W/time-smoke.log"
+python3 - "$FIRST" <<'EOF' || { pack; exit 1; }
+import collections, json, sys
+results = json.load(open(sys.argv[1] + "/results.json"))["results"]
+errors = collections.Counter(str(r["error"])[:200] for r in results.values())
+print("smoke:", len(results), "timed:", dict(errors))
+sys.exit(0 if any(r["error"] is None for r in results.values()) else 1)
+EOF
+
+for net in "$W"/net-*; do
+  [ -d "$net" ] && timeout 180 python3 bench/gpu.py network-time "$net" > "$net.log" 2>&1 && tail -n 30 "$net.log"
+done
+
+$TIME "$FIRST" --limit-s $(($(left) - 60)) > "$W/time-$(basename "$FIRST").log" 2>&1
+tail -n 2 "$W/time-$(basename "$FIRST").log"
+NCU=${NCU_SECONDS:-$(($(left) / 3))}
+timeout "$NCU" python3 -m tunecore.cli ncu profile-batch "$FIRST" --chunk 64 > "$W/ncu-$(basename "$FIRST").log" 2>&1
+tail -n 3 "$W/ncu-$(basename "$FIRST").log"
+for batch in $(echo "$BATCHES" | tail -n +2); do
+  [ "$(left)" -gt 40 ] || break
+  $TIME "$batch" --limit-s $(($(left) - 30)) > "$W/time-$(basename "$batch").log" 2>&1
+  tail -n 2 "$W/time-$(basename "$batch").log"
+done
+pack
