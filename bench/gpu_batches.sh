@@ -8,7 +8,7 @@
 # batch archives b-*.tar.xz (`tunecore dataset export-batch` directories, xz) and network directories net-*.tar.xz
 # (`python bench/gpu.py network-export`). In order, until SECONDS have passed: a smoke test (the first programs of
 # the first batch: the call stops there if none runs), the networks against PyTorch eager, the first batch timed
-# whole, its programs profiled by ncu for at most NCU_SECONDS (default a third of what is left), then the other
+# whole, its programs profiled by ncu for at most NCU_SECONDS (default 2/5 of what is left), then the other
 # batches timed. Every step resumes where it stopped; $OUT gets results.tar.xz (every batch's results, profiles,
 # ncu output and calls; the networks' reports; the logs), never the libraries.
 set -uo pipefail
@@ -53,8 +53,8 @@ done
 
 $TIME "$FIRST" --limit-s $(($(left) - 60)) > "$W/time-$(basename "$FIRST").log" 2>&1
 tail -n 2 "$W/time-$(basename "$FIRST").log"
-NCU=${NCU_SECONDS:-$(($(left) / 3))}
-timeout "$NCU" python3 -m tunecore.cli ncu profile-batch "$FIRST" --chunk 64 > "$W/ncu-$(basename "$FIRST").log" 2>&1
+NCU=${NCU_SECONDS:-$(($(left) * 2 / 5))}
+timeout "$NCU" python3 -m tunecore.cli ncu profile-batch "$FIRST" --chunk 16 > "$W/ncu-$(basename "$FIRST").log" 2>&1
 tail -n 3 "$W/ncu-$(basename "$FIRST").log"
 for batch in $(echo "$BATCHES" | tail -n +2); do
   [ "$(left)" -gt 40 ] || break

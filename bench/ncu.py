@@ -1,4 +1,4 @@
-"""Profile metrics as cost-model features on this CPU: the oracle study and the two-stage `ncu` model beside xgb.
+"""Profile metrics as cost-model features: the oracle study and the two-stage `ncu` model beside xgb.
 
     python bench/ncu.py [--dataset datasets/cpu-programs-v2.parquet] [--split workload:zoo:resnet-18,zoo:bert-tiny]
                         [--group-size 128]
@@ -46,7 +46,9 @@ MODELS = {  # label -> (registered name, options)
 
 
 def profiled(row) -> bool:
-    return "cpu.instructions" in row.profile and "cpu.failed" not in row.profile
+    """A CPU profile (callgrind + llvm-mca) or a GPU one (Nsight Compute)."""
+    return ("cpu.instructions" in row.profile and "cpu.failed" not in row.profile) or \
+        ("ncu.smsp__inst_executed.sum" in row.profile and "ncu.failed" not in row.profile)
 
 
 def run_models(dataset: Dataset, parts: Split, path: str, seed: int, group_size: int | None) -> dict:
@@ -88,7 +90,11 @@ def stage_a_r2(dataset: Dataset, parts: Split, seed: int) -> dict[str, float]:
     return out
 
 
-def profile_costs(rows: list) -> dict:
+def profile_costs(rows: list) -> dict | None:
+    """What the CPU profiles cost, as recorded when each was made (None: GPU profiles, which record no time)."""
+    rows = [r for r in rows if "cpu.profile_secs" in r.profile]
+    if not rows:
+        return None
     secs = np.array([r.profile["cpu.profile_secs"] for r in rows])
     ratio = secs / np.array([r.latency for r in rows])
     return {"rows": len(rows), "mean_s": round(float(secs.mean()), 2), "median_s": round(float(np.median(secs)), 2),
@@ -109,7 +115,8 @@ def main() -> None:
     dataset = Dataset.load(args.dataset)
     rows = [r for r in dataset.rows if profiled(r)]
     device = max({r.device_id for r in rows}, key=lambda d: sum(r.device_id == d for r in rows))
-    protocols = {"held-out networks": split(dataset, args.split, args.seed, devices=[device]),
+    held = "held-out networks" if args.split.startswith("workload:") else f"held out by {args.split}"
+    protocols = {held: split(dataset, args.split, args.seed, devices=[device]),
                  "CDMPP's protocol": split(dataset, seed=args.seed, devices=[device], **CDMPP_PROTOCOL)}
     results, chance = {}, {}
     for protocol, base in protocols.items():
@@ -126,13 +133,15 @@ def main() -> None:
         for name, parts in settings.items():
             results[f"{protocol}, {name}"] = run_models(dataset, parts, os.path.abspath(args.dataset), args.seed,
                                                         group_size)
-    held_out = protocols["held-out networks"]
+    held_out = protocols[held]
     report = {
         "command": command_line("ncu.py"),
         "environment": environment(),
         "dataset": {"path": args.dataset, "device": device,
                     "profiled_rows": sum(r.device_id == device for r in rows), "profiled_rows_all_devices": len(rows),
-                    "failed_profiles": sum("cpu.failed" in r.profile for r in dataset.rows if r.device_id == device)},
+                    "kind": dataset.devices[device].get("kind", "llvm"), "held_out": held,
+                    "failed_profiles": sum(("cpu.failed" in r.profile or "ncu.failed" in r.profile)
+                                           for r in dataset.rows if r.device_id == device)},
         "group_size": args.group_size or None,
         "chance": chance,
         "profile_cost": profile_costs([r for r in rows if r.device_id == device]),
@@ -146,26 +155,30 @@ def main() -> None:
 
 def markdown(report: dict) -> str:
     data, cost = report["dataset"], report["profile_cost"]
+    gpu = data.get("kind") == "cuda"
+    held = data.get("held_out", "held-out networks")
     lines = [
-        "# Profile metrics as cost-model features on this CPU",
+        f"# Profile metrics as cost-model features on {'an NVIDIA GPU' if gpu else 'this CPU'}",
         "",
-        f"Dataset `{data['path']}`: {data['profiled_rows']} programs with CPU profiles (callgrind + llvm-mca) on "
-        f"device `{data['device']}` ({data['failed_profiles']} could not be profiled; "
-        f"{data.get('profiled_rows_all_devices', '?')} on all devices). Every program profiled the same way: one "
-        "cold call, the device's caches simulated. Test: the profiled programs "
-        "of the test side's tasks. Chance of recall@32 and recall@5: "
+        f"Dataset `{data['path']}`: {data['profiled_rows']} programs with "
+        + ("Nsight Compute profiles (the study's metrics, one call each, the GPU's clocks as they were)" if gpu else
+           "CPU profiles (callgrind + llvm-mca)")
+        + f" on device `{data['device']}` ({data['failed_profiles']} could not be profiled; "
+        f"{data.get('profiled_rows_all_devices', '?')} on all devices). Every program profiled the same way"
+        + ("." if gpu else ": one cold call, the device's caches simulated.")
+        + " Test: the profiled programs of the test side's tasks. Chance of recall@32 and recall@5: "
         + "; ".join(f"{protocol} {c['recall@32']} and {c['recall@5']}" for protocol, c in report["chance"].items())
-        + (f" (held-out networks ranked in groups of {report['group_size']} programs of a task, CDMPP's protocol in "
+        + (f" ({held} ranked in groups of {report['group_size']} programs of a task, CDMPP's protocol in "
            "whole tasks)." if report.get("group_size") else " (whole tasks)."),
         f"{experiments.environment_line(report)}",
         "",
-        f"A profile costs {cost['median_s']} s (median; mean {cost['mean_s']} s, p90 {cost['p90_s']} s, max "
-        f"{cost['max_s']} s), {cost['median_over_latency']}x the program's measured latency (median), as recorded "
-        "when each profile was made (datasets/README.md says where and how many at a time).",
-        "",
     ]
+    if cost:
+        lines += [f"A profile costs {cost['median_s']} s (median; mean {cost['mean_s']} s, p90 {cost['p90_s']} s, max "
+                  f"{cost['max_s']} s), {cost['median_over_latency']}x the program's measured latency (median), as "
+                  "recorded when each profile was made (datasets/README.md says where and how many at a time).", ""]
     lines += split_tables(report["results"], COLUMNS)
-    lines += ["## Stage A: R^2 of predicted log(metric per FLOP) on the held-out networks' tasks", "",
+    lines += [f"## Stage A: R^2 of predicted log(metric per FLOP) on the tasks {held}", "",
               "| metric | R^2 |", "|---|---:|"]
     lines += [f"| {name} | {r2} |" for name, r2 in report["stage_a_r2"].items()]
     lines.append("")
