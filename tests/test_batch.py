@@ -45,7 +45,21 @@ def test_a_batch_is_timed_with_the_runtime_alone_checked_and_imported_as_rows(ba
 
     rows = Dataset.load(str(dataset)).rows
     assert len(rows) == 5 and all(r.latency and "check.max_relative_error" in r.profile for r in rows)
-    assert cli_json(run_cli("dataset", "import-batch", str(batch), "--out", str(dataset), "--json"))["added"] == 0
+    # the host's load while each program was timed (its own compile workers counted), kept with the row
+    assert all(r.profile["label.foreign_load"] == results[i]["host_load"] >= 0 for r, i in zip(rows, results))
+    again = cli_json(run_cli("dataset", "import-batch", str(batch), "--out", str(dataset), "--json"))
+    assert again["added"] == again["second_labels"] == 0  # the same timings again are no repeat
+    # the batch timed once more: the programs keep their rows, the new timings become their second labels
+    os.remove(batch / "results.json")
+    run_batch_runtime_only(batch)
+    retimed = json.load(open(batch / "results.json"))["results"]
+    again = cli_json(run_cli("dataset", "import-batch", str(batch), "--out", str(dataset), "--json"))
+    from tunecore.data import spread
+
+    clean = [i for i, r in retimed.items() if spread(r["run_secs"]) <= 0.02]  # the label protocol's clean timings
+    assert again["added"] == 0 and again["second_labels"] == len(clean)
+    labelled = [r for r in Dataset.load(str(dataset)).rows if "label.second" in r.profile]
+    assert len(labelled) == again["second_labels"]
 
 
 def test_a_program_whose_outputs_differ_from_the_reference_is_a_failed_result(batch, tmp_path):

@@ -107,7 +107,10 @@ def test_the_gpu_dataset_is_checked_h100_programs_with_ncu_profiles():
     ran = [r for r in dataset.rows if r.error is None]
     assert len(dataset.rows) >= 2860 and len(ran) >= 2830
     assert all(r.profile["check.max_relative_error"] <= 1e-3 and len(r.run_secs) >= 5 for r in ran)
-    assert sum(map(is_clean, dataset.rows)) >= 2750
+    assert sum(map(is_clean, dataset.rows)) >= 2080
+    # ResNet-18's 2026-11-27 rows were timed while the host compiled CUDA beside them: kept, flagged, not clean
+    overlapped = [r for r in ran if "label.build_overlap" in r.profile]
+    assert len(overlapped) == 697 and not any(map(is_clean, overlapped))
     profiled = [r for r in ran if "ncu.smsp__inst_executed.sum" in r.profile]
     assert len(profiled) >= 180
     assert all(f"ncu.{m}" in r.profile for r in profiled for m in STUDY_METRICS if not m.startswith("device__"))

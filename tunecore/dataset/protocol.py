@@ -43,6 +43,9 @@ ANCHORS = 300
 ANCHOR_LATENCY = (20e-6, 20e-3)
 
 ATTEMPTS, NOISY, FOREIGN_LOAD = "label.attempts", "label.noisy", "label.foreign_load"
+# timed while builds ran on the host, without a load measured (rows from before GPU batches measured it): the
+# launches of short GPU kernels were slowed (datasets/README.md), so such a row is not clean
+BUILD_OVERLAP = "label.build_overlap"
 SECOND_LABEL = "label.second"  # a second, independent latency of the row's program (remeasure --second-labels)
 SECOND_FAILED = "label.second_failed"  # the program failed when measured for its second label
 
@@ -71,7 +74,7 @@ def is_usable(row: Any) -> bool:
 def is_clean(row: Any, max_spread: float = MAX_SPREAD, min_repeats: int = MIN_REPEATS) -> bool:
     """A row a model can learn from as it is: ran, timed at least ``min_repeats`` times within ``max_spread``."""
     return (row.latency is not None and len(row.run_secs) >= min_repeats
-            and row.spread is not None and row.spread <= max_spread)
+            and row.spread is not None and row.spread <= max_spread and BUILD_OVERLAP not in row.profile)
 
 
 class LabelMeasurer:
@@ -119,16 +122,19 @@ def _too_spread(result: Any, max_spread: float) -> bool:
 class ForeignLoad:
     """CPU time that processes other than this one and its children (or the hypervisor: steal) took since
     construction, in cores (1.0: one core's worth on average). A child that ended meanwhile counts as foreign for
-    the time it ran in the interval; one that started meanwhile counts as this process's."""
+    the time it ran in the interval; one that started meanwhile counts as this process's. ``children=False``: the
+    children count as foreign too (a GPU's timing shares the host with nothing, its own compile workers included:
+    the launches of short kernels slow down when the host is busy)."""
 
-    def __init__(self) -> None:
-        self.started, self.busy, self.own = time.monotonic(), _machine_busy(), _own_cpu()
+    def __init__(self, children: bool = True) -> None:
+        self.children = children
+        self.started, self.busy, self.own = time.monotonic(), _machine_busy(), _own_cpu(children)
 
     def cores(self) -> float:
         wall = time.monotonic() - self.started
         if wall <= 0:
             return 0.0
-        own = sum(seconds - self.own.get(pid, 0.0) for pid, seconds in _own_cpu().items())
+        own = sum(seconds - self.own.get(pid, 0.0) for pid, seconds in _own_cpu(self.children).items())
         foreign = (_machine_busy() - self.busy) - own
         return round(max(0.0, foreign / wall), 3)
 
@@ -140,13 +146,13 @@ def _machine_busy() -> float:
     return sum(getattr(t, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq", "steal"))
 
 
-def _own_cpu() -> dict[int, float]:
+def _own_cpu(children: bool = True) -> dict[int, float]:
     """CPU seconds of this process and of each of its children, by pid."""
     import psutil
 
     out = {}
     me = psutil.Process()
-    for process in [me, *me.children(recursive=True)]:
+    for process in [me, *(me.children(recursive=True) if children else [])]:
         try:
             t = process.cpu_times()
         except psutil.Error:  # ended meanwhile

@@ -28,6 +28,7 @@ MANIFEST = "manifest.json"
 RESULTS = "results.json"
 PROFILES = "profiles.json"  # program id -> profile metrics (a profiler's, e.g. tunecore_ncu_costmodel's)
 CUBINS = "cubins"
+CHUNK = 128  # programs compiled, then timed, at a time
 
 
 def write_manifest(directory: str, target_json: str, tasks: dict[str, dict], programs: list[dict]) -> None:
@@ -103,14 +104,14 @@ def compile_cuda(code: str, arch: str) -> bytes:
 
 
 class Cubins:
-    """The batch's compiled CUDA, ``DIR/cubins/<sha256 of the source>.<arch>.cubin``, made ahead of the timing by a
-    pool of processes (compiling takes seconds a program, timing a tenth of that) and handed to TVM's runtime by
-    its compile callback; a source not made ahead is compiled when its library is loaded. Kept in the batch, so
-    a resumed run or the profiler's run compiles nothing twice."""
+    """The batch's compiled CUDA, ``DIR/cubins/<sha256 of the source>.<arch>.cubin``, made before the timing by a
+    pool of processes (compiling takes up to seconds a program, timing a tenth of a second) and handed to TVM's
+    runtime by its compile callback; a source not made before is compiled when its library is loaded. Kept in the
+    batch, so a resumed run or the profiler's run compiles nothing twice."""
 
     def __init__(self, directory: str, arch: str):
         self.directory, self.arch = os.path.join(directory, CUBINS), arch
-        self.pending: dict[str, Any] = {}
+        self.made: dict[str, str] = {}  # cubin path -> the library it was compiled ahead for
         self.pool: Any = None
         self.counts = {"ahead": 0, "on_load": 0, "cached": 0}
         os.makedirs(self.directory, exist_ok=True)
@@ -120,30 +121,33 @@ class Cubins:
 
         return os.path.join(self.directory, f"{hashlib.sha256(code.encode()).hexdigest()}.{self.arch}.cubin")
 
-    def ahead(self, libraries: list[str], workers: int) -> None:
-        """Compile the CUDA of ``libraries`` in this order, ``workers`` at a time, in the background."""
+    def compile(self, libraries: list[str], workers: int) -> None:
+        """Compile the CUDA of ``libraries`` not compiled yet, ``workers`` at a time, and wait for them all (a
+        source that fails is compiled again when its library is loaded, where its error is the program's)."""
         import concurrent.futures
         import multiprocessing
 
-        if workers < 1:
-            return
-        self.pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+        if self.pool is None and workers > 1:
+            self.pool = concurrent.futures.ProcessPoolExecutor(workers,
+                                                               mp_context=multiprocessing.get_context("spawn"))
+        jobs = {}
         for library in libraries:
             code = cuda_source(library)
             path = None if code is None else self.path(code)
-            if path and path not in self.pending and not os.path.exists(path):
-                self.pending[path] = self.pool.submit(_write_library_cubin, library, self.arch, path)
+            if path and path not in jobs and not os.path.exists(path):
+                jobs[path] = library
+        if self.pool is None:
+            for path, library in jobs.items():
+                _try(_write_library_cubin, library, self.arch, path)
+        else:
+            concurrent.futures.wait([self.pool.submit(_try, _write_library_cubin, library, self.arch, path)
+                                     for path, library in jobs.items()])
+        self.made.update(jobs)
 
     def get(self, code: str) -> bytes:
         path = self.path(code)
-        made_ahead = self.pending.pop(path, None)
-        if made_ahead is not None:
-            try:
-                made_ahead.result()
-            except Exception:  # a broken pool, or this source's own error: compiled below, where it is raised
-                pass
         if os.path.exists(path):
-            self.counts["ahead" if made_ahead is not None else "cached"] += 1
+            self.counts["ahead" if path in self.made else "cached"] += 1
         else:
             _write_cubin(code, self.arch, path)
             self.counts["on_load"] += 1
@@ -152,7 +156,14 @@ class Cubins:
 
     def close(self) -> None:
         if self.pool is not None:
-            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _try(function: Any, *args: Any) -> None:
+    try:
+        function(*args)
+    except Exception:
+        pass
 
 
 def _write_library_cubin(library: str, arch: str, path: str) -> None:
@@ -214,6 +225,8 @@ def run_batch(directory: str, *, repeat: int = 5, min_repeat_ms: float = 20.0, m
     whose timings spread (std/mean) more than ``max_spread`` is timed once more and flagged if it still does
     (tunecore.dataset.protocol's ``label.*`` entries). CUDA is compiled ahead by ``compile_workers`` processes
     (default: the cores less one); after ``limit_s`` seconds the run stops and saves (run it again to resume)."""
+    from tunecore.dataset.protocol import ForeignLoad
+
     started = time.perf_counter()
     manifest, kind, device, cubins = _open_batch(directory)
     if not device.exist:
@@ -222,12 +235,25 @@ def run_batch(directory: str, *, repeat: int = 5, min_repeat_ms: float = 20.0, m
     done["device"] = describe_device(kind, device)
     references: dict[str, tuple[list, dict[int, Any]] | None] = {}
     todo = [p for p in manifest["programs"] if "library" in p and p["id"] not in done["results"]]
-    if cubins is not None:
-        workers = max(1, (os.cpu_count() or 2) - 1) if compile_workers is None else compile_workers
-        cubins.ahead([os.path.join(directory, p["library"]) for p in todo], workers)
+    workers = max(1, (os.cpu_count() or 2) - 1) if compile_workers is None else compile_workers
     try:
-        _time_programs(directory, manifest, todo, device, done, references, repeat, min_repeat_ms, max_spread,
-                       save_every, limit_s, started, log)
+        # compiling and timing take turns: a busy host slows the launches of short kernels (up to 1.7x on the
+        # H100 when a pool compiled beside the timing), so nothing of the batch's own runs while it is timed
+        for start in range(0, len(todo), CHUNK):
+            chunk = todo[start:start + CHUNK]
+            if cubins is not None:
+                cubins.compile([os.path.join(directory, p["library"]) for p in chunk], workers)
+            load = ForeignLoad(children=False)
+            stopped = _time_programs(directory, manifest, chunk, device, done, references, repeat, min_repeat_ms,
+                                     max_spread, save_every, limit_s, started, log)
+            host_load = load.cores()
+            for program in chunk:
+                if program["id"] in done["results"]:
+                    done["results"][program["id"]].setdefault("host_load", host_load)
+            print(f"{min(start + CHUNK, len(todo))}/{len(todo)} timed (host load {host_load} cores)", file=log,
+                  flush=True)
+            if stopped:
+                break
     finally:
         if cubins is not None:
             cubins.close()
@@ -238,7 +264,8 @@ def run_batch(directory: str, *, repeat: int = 5, min_repeat_ms: float = 20.0, m
 
 def _time_programs(directory: str, manifest: dict, todo: list[dict], device: Any, done: dict, references: dict,
                    repeat: int, min_repeat_ms: float, max_spread: float, save_every: float, limit_s: float | None,
-                   started: float, log: Any) -> None:
+                   started: float, log: Any) -> bool:
+    """Time ``todo``; True if the time limit stopped it."""
     results, saved = done["results"], time.perf_counter()
     for count, program in enumerate(todo, 1):
         task = manifest["tasks"][program["task"]]
@@ -255,14 +282,13 @@ def _time_programs(directory: str, manifest: dict, todo: list[dict], device: Any
             results[program["id"]] = result
         except Exception as error:  # the library does not load or its kernel fails: a failed result
             results[program["id"]] = {"run_secs": None, "error": "run: " + str(error).strip().splitlines()[-1][:300]}
-        if time.perf_counter() - saved > save_every or count == len(todo):
+        if time.perf_counter() - saved > save_every:
             _save(directory, done)
             saved = time.perf_counter()
-            print(f"{count}/{len(todo)} timed", file=log, flush=True)
         if limit_s is not None and time.perf_counter() - started > limit_s:
-            print(f"{count}/{len(todo)} timed: stopped after {limit_s:.0f} s (run again to resume)", file=log,
-                  flush=True)
-            return
+            print(f"stopped after {limit_s:.0f} s (run again to resume)", file=log, flush=True)
+            return True
+    return False
 
 
 def _reference(directory: str, task: dict) -> tuple[list, dict[int, Any]] | None:
