@@ -247,11 +247,10 @@ def run_batch(directory: str, *, repeat: int = 5, min_repeat_ms: float = 20.0, m
             stopped = _time_programs(directory, manifest, chunk, device, done, references, repeat, min_repeat_ms,
                                      max_spread, save_every, limit_s, started, log)
             host_load = load.cores()
-            for program in chunk:
-                if program["id"] in done["results"]:
-                    done["results"][program["id"]].setdefault("host_load", host_load)
-            print(f"{min(start + CHUNK, len(todo))}/{len(todo)} timed (host load {host_load} cores)", file=log,
-                  flush=True)
+            timed = [p for p in chunk if p["id"] in done["results"]]
+            for program in timed:
+                done["results"][program["id"]].setdefault("host_load", host_load)
+            print(f"{start + len(timed)}/{len(todo)} timed (host load {host_load} cores)", file=log, flush=True)
             if stopped:
                 break
     finally:
