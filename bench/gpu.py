@@ -266,7 +266,14 @@ def dataset_summary(path: str) -> dict:
     per_task: dict = {}
     for row in dataset.rows:
         per_task.setdefault(dataset.tasks[row.task_key].name, []).append(row)
+    from tunecore.dataset.protocol import BUILD_OVERLAP, SECOND_LABEL
+
+    pairs = np.array([(r.latency, r.profile[SECOND_LABEL]) for r in dataset.rows if SECOND_LABEL in r.profile])
+    errors = np.abs(pairs[:, 1] / pairs[:, 0] - 1) if len(pairs) else np.array([])
+    repeat = {"programs": len(pairs), "mape": float(errors.mean()), "median_ape": float(np.median(errors)),
+              "p90_ape": float(np.percentile(errors, 90)), "max_ape": float(errors.max())} if len(pairs) else None
     return {"path": os.path.relpath(path, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+            "second_labels": repeat, "build_overlap": sum(BUILD_OVERLAP in r.profile for r in dataset.rows),
             "rows": len(dataset.rows), "failed": sum(r.error is not None for r in dataset.rows),
             "clean": sum(map(is_clean, dataset.rows)), "with_ncu_profile": len(profiled),
             "outputs_checked": len(checked),
@@ -313,7 +320,17 @@ def markdown(report: dict) -> str:
                   f"{d['rows']} programs ({d['failed']} failed to build), {d['clean']} clean (>= 5 timings within "
                   f"2%), {d['with_ncu_profile']} with Nsight Compute profiles, {d['outputs_checked']} outputs "
                   f"checked against the host CPU (max relative error {d['max_relative_error']:.2g}); "
-                  f"{d['tasks']} tasks.", "", "| task | programs |", "|---|---:|"]
+                  f"{d['tasks']} tasks.", ""]
+        if d.get("build_overlap"):
+            lines += [f"{d['build_overlap']} rows were timed while the host compiled CUDA beside the timing "
+                      "(`label.build_overlap`, not clean): the launches of short kernels slow down on a busy host "
+                      "(docs/gpu.md).", ""]
+        if d.get("second_labels"):
+            r = d["second_labels"]
+            lines += [f"Second labels (the same program timed again in another session): {r['programs']} programs, "
+                      f"repeat MAPE {r['mape'] * 100:.2f}% (median {r['median_ape'] * 100:.2f}%, p90 "
+                      f"{r['p90_ape'] * 100:.2f}%, max {r['max_ape'] * 100:.2f}%).", ""]
+        lines += ["| task | programs |", "|---|---:|"]
         lines += [f"| {name} | {n} |" for name, n in d["programs_per_task"].items()]
     for model, data in report["networks"].items():
         lines += ["", f"## {model}: tuned on the GPU ({data['trials']} trials of ansor+xgb)", ""]
