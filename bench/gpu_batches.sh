@@ -55,6 +55,8 @@ $TIME "$FIRST" --limit-s $(($(left) - 60)) > "$W/time-$(basename "$FIRST").log" 
 tail -n 2 "$W/time-$(basename "$FIRST").log"
 NCU=${NCU_SECONDS:-$(($(left) * 2 / 5))}
 timeout "$NCU" python3 -m tunecore.cli ncu profile-batch "$FIRST" --chunk 16 > "$W/ncu-$(basename "$FIRST").log" 2>&1
+# a cut leaves ncu's target process behind (timeout stops only its own child): nothing may run beside the timing
+pkill -f -- "--call-once" ; pkill -x ncu ; sleep 1
 tail -n 3 "$W/ncu-$(basename "$FIRST").log"
 for batch in $(echo "$BATCHES" | tail -n +2); do
   [ "$(left)" -gt 40 ] || break
