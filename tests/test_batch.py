@@ -3,6 +3,7 @@ without a GPU: a network's untuned CUDA build, a CUDA task's reference on the ho
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -187,3 +188,22 @@ def test_without_the_compiler_the_batch_runner_compiles_a_librarys_cuda_source_i
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True", "1", "1", "7f454c46"]  # an ELF: the cubin, compiled once
     assert len(list((tmp_path / "cubins").glob("*.sm_90.cubin"))) == 1
+
+
+def test_a_batch_timed_on_the_h100_imports_as_rows_of_the_h100(tmp_path):
+    """A real batch's results from the lent H100 (2026-11-27, TVM's runtime alone; three programs of a BERT-base
+    matmul and one that failed to build, libraries left out): rows on the device of datasets/gpu-h100.parquet,
+    each with its host-CPU check, and the build failure as a failed row."""
+    import shutil
+
+    from tunecore.dataset import Dataset
+
+    batch = tmp_path / "b"
+    shutil.copytree(pathlib.Path(__file__).parent / "data" / "h100-batch", batch)
+    out = cli_json(run_cli("dataset", "import-batch", str(batch), "--out", str(tmp_path / "d.parquet"), "--json"))
+    shipped = Dataset.load(str(pathlib.Path(__file__).parent.parent / "datasets" / "gpu-h100.parquet"))
+    assert out["added"] == 4 and out["failed"] == 1 and out["device_id"] in shipped.devices
+    rows = Dataset.load(str(tmp_path / "d.parquet")).rows
+    ran = [r for r in rows if r.error is None]
+    assert len(ran) == 3 and all(r.profile["check.max_relative_error"] <= 1e-6 and len(r.run_secs) == 5 for r in ran)
+    assert [r.error for r in rows if r.error] and all(r.error.startswith("build:") for r in rows if r.error)
