@@ -85,8 +85,6 @@ def test_dataset_v2_holds_the_programs_and_the_tasks_the_issue_asks(v2_counts):
     assert v2_counts["heavy_tasks_200"] >= 100
 
 
-@pytest.mark.xfail(strict=True, reason="a third real CPU model needs a session on one (datasets/README.md); remove "
-                                       "this mark when it holds")
 def test_dataset_v2_holds_the_cpu_models_the_issue_asks(v2_counts):
     assert v2_counts["cpus_5000"] >= 3
 
