@@ -125,7 +125,7 @@ def network_export(args) -> None:
     from tvm.s_tir import meta_schedule as ms
 
     from tunecore import api
-    from tunecore.compile import Runnable, best_database, build, input_specs, inputs_of
+    from tunecore.compile import Runnable, best_database, build, input_specs, inputs_of, num_input
     from tunecore.targets import host_target, resolve_target
     from tunecore.workloads import extract_tasks, load_workload
 
@@ -144,11 +144,9 @@ def network_export(args) -> None:
     cpu = Runnable(build(workload, host_target(), ms.database.MemoryDatabase()), workload, host_target(),
                    inputs_of(specs))
     np.savez(os.path.join(args.work, "reference.npz"), *cpu.outputs())
-    attrs = workload.mod["main"].attrs
     with open(os.path.join(args.work, "network.json"), "w") as f:
         json.dump({"model": args.model, "specs": specs, "target": args.target, "kind": target.kind.name,
-                   "store": args.store,
-                   "num_input": int(attrs["num_input"]) if "num_input" in attrs else None,
+                   "store": args.store, "num_input": num_input(workload),
                    "tasks_total": len(tasks), "tasks_tuned": covered, "records_best_ms": best_ms}, f, indent=1)
     print(f"{args.work}: {args.model} with {covered}/{len(tasks)} tasks tuned", file=sys.stderr)
 

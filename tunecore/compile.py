@@ -182,13 +182,17 @@ def inputs_of(specs: list, seed: int = 0) -> list[np.ndarray]:
             for shape, dtype, name in specs]
 
 
+def num_input(workload: Workload) -> int | None:
+    """How many of a network's parameters are its inputs (the rest are weights), where its main says so."""
+    attrs = workload.mod["main"].attrs
+    return int(attrs["num_input"]) if workload.is_network and "num_input" in attrs else None
+
+
 class Runnable:
     """Calls and times an executable the same way for networks (Relax VM) and single operators."""
 
     def __init__(self, executable: Any, workload: Workload, target: Any, inputs: list[np.ndarray]):
-        attrs = workload.mod["main"].attrs
-        self._start(executable, _device(target), inputs, workload.is_network,
-                    int(attrs["num_input"]) if workload.is_network and "num_input" in attrs else None)
+        self._start(executable, _device(target), inputs, workload.is_network, num_input(workload))
 
     @classmethod
     def network(cls, executable: Any, device: Any, inputs: list[np.ndarray], num_input: int | None) -> Runnable:

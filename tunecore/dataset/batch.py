@@ -127,7 +127,7 @@ def import_batch(directory: str, dataset_path: str) -> dict[str, Any]:
 def _second_label(dataset: Any, row: Any) -> bool:
     from tunecore.dataset import protocol
 
-    known = next(r for r in dataset.rows_of(row.task_key, row.device_id) if r.program_key == row.program_key)
+    known = dataset.row(row.task_key, row.program_key, row.device_id)
     if (known.run_secs == row.run_secs  # the same timings imported again: not a repeat
             or protocol.SECOND_LABEL in known.profile or not protocol.is_clean(row) or known.error):
         return False
