@@ -264,12 +264,15 @@ def dataset_summary(path: str) -> dict:
     per_task: dict = {}
     for row in dataset.rows:
         per_task.setdefault(dataset.tasks[row.task_key].name, []).append(row)
+    from label_noise import errors  # the repeat error as the label-noise bench defines it
+
     from tunecore.dataset.protocol import BUILD_OVERLAP, SECOND_LABEL
 
-    pairs = np.array([(r.latency, r.profile[SECOND_LABEL]) for r in dataset.rows if SECOND_LABEL in r.profile])
-    errors = np.abs(pairs[:, 1] / pairs[:, 0] - 1) if len(pairs) else np.array([])
-    repeat = {"programs": len(pairs), "mape": float(errors.mean()), "median_ape": float(np.median(errors)),
-              "p90_ape": float(np.percentile(errors, 90)), "max_ape": float(errors.max())} if len(pairs) else None
+    first, second = (np.array([(r.latency, r.profile[SECOND_LABEL]) for r in dataset.rows
+                               if SECOND_LABEL in r.profile]).reshape(-1, 2).T)
+    repeat = errors(first, second)
+    if repeat:
+        repeat["max_ape"] = float((np.abs(second - first) / first).max())
     return {"path": os.path.relpath(path, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
             "second_labels": repeat, "build_overlap": sum(BUILD_OVERLAP in r.profile for r in dataset.rows),
             "rows": len(dataset.rows), "failed": sum(r.error is not None for r in dataset.rows),
