@@ -85,8 +85,9 @@ def write_onnx(conv: dict, path: str) -> None:
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
 
 
-def onnxruntime_kernel_seconds(path: str, conv: dict, threads: int, runs: int = 200) -> float:
-    """Median kernel time of the conv node (Conv, FusedConv or NchwcConv) over profiled runs."""
+def onnxruntime_kernel_seconds(path: str, conv: dict, threads: int, runs: int = 200) -> tuple[float, list[float]]:
+    """Median kernel time of the conv node (Conv, FusedConv or NchwcConv) over profiled runs, and the medians of
+    8 consecutive passes of them (the spread, as tunecore's side reports it)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -103,7 +104,8 @@ def onnxruntime_kernel_seconds(path: str, conv: dict, threads: int, runs: int = 
     os.remove(profile)
     durations = [e["dur"] for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")
                  and "Conv" in e.get("args", {}).get("op_name", "")]
-    return float(np.median(durations[len(durations) // 4:])) * 1e-6  # the first quarter warms up
+    timed = np.array(durations[len(durations) // 4:]) * 1e-6  # the first quarter warms up
+    return float(np.median(timed)), [float(np.median(part)) for part in np.array_split(timed, 8)]
 
 
 def tunecore_kernel_seconds(path: str, variant: str, store: str, args) -> dict:
@@ -163,8 +165,9 @@ def main() -> None:
     for name, conv in convs.items():
         stem = os.path.join(args.work, name.replace(" ", "_").replace(">", ""))
         write_onnx(conv, stem + ".onnx")
-        row = {"conv": name, **conv, "gflop": flops(conv) / 1e9,
-               "onnxruntime_s": onnxruntime_kernel_seconds(stem + ".onnx", conv, args.threads), "tunecore": {}}
+        ort_s, ort_passes = onnxruntime_kernel_seconds(stem + ".onnx", conv, args.threads)
+        row = {"conv": name, **conv, "gflop": flops(conv) / 1e9, "onnxruntime_s": ort_s,
+               "onnxruntime_passes_s": ort_passes, "tunecore": {}}
         for layout in layouts:
             if layout.endswith("+winograd") and not name.startswith("3x3s1"):
                 continue  # Winograd computes 3x3 stride-1 convs only
@@ -178,6 +181,18 @@ def main() -> None:
     write_results(args.out, "conv_kernels", report, markdown(report))
 
 
+def _cells(row: dict, result: dict | None) -> str:
+    """GFLOPS (min-max over the passes) | ratio (the range pairing one side's slowest pass with the other's fastest)."""
+    if not result:
+        return "- | -"
+    gflop, ort, own = row["gflop"], row.get("onnxruntime_passes_s"), result.get("passes_s")
+    cell = f"{gflop / result['seconds']:.1f}" + (f" ({gflop / max(own):.0f}-{gflop / min(own):.0f})" if own else "")
+    ratio = f"{row['onnxruntime_s'] / result['seconds']:.2f}"
+    if own and ort:
+        ratio += f" ({min(ort) / max(own):.2f}-{max(ort) / min(own):.2f})"
+    return f"{cell} | {ratio}"
+
+
 def markdown(report: dict) -> str:
     layouts = report["layouts"]
     lines = ["# Conv kernels: tunecore against onnxruntime", "",
@@ -185,15 +200,19 @@ def markdown(report: dict) -> str:
              f"conv, search `{report['search']}`, cost model `{report['cost_model']}`; its best programs measured "
              "again together (8 passes). onnxruntime: the conv node's kernel time, profiled. Each conv with bias "
              "and relu; GFLOPS = 2 x multiply-adds / latency; ratio = onnxruntime's latency / tunecore's (> 1: "
-             "tunecore faster).", "",
+             "tunecore faster). In brackets: the spread over 8 passes of each side (min-max of the pass "
+             "medians; onnxruntime's profiled runs cut into 8 consecutive passes); a ratio's range pairs one side's "
+             "slowest pass with the other's fastest, and only a range wholly above or below 1 is a difference.", "",
              "| conv | networks | GFLOP | onnxruntime GFLOPS | " + " | ".join(
                  f"tunecore {layout} GFLOPS | ratio" for layout in layouts) + " |",
              "|---|---|---:|---:|" + "---:|---:|" * len(layouts)]
     for row in report["convs"]:
-        cells = [f"{row['gflop'] / r['seconds']:.1f} | {row['onnxruntime_s'] / r['seconds']:.2f}" if r else "- | -"
-                 for r in (row["tunecore"].get(layout) for layout in layouts)]
+        cells = [_cells(row, row["tunecore"].get(layout)) for layout in layouts]
+        ort = row.get("onnxruntime_passes_s")
+        ort_cell = f"{row['gflop'] / row['onnxruntime_s']:.1f}" + (
+            f" ({row['gflop'] / max(ort):.0f}-{row['gflop'] / min(ort):.0f})" if ort else "")
         lines.append(f"| {row['conv']} | {', '.join(row['models'])} | {row['gflop']:.3f} "
-                     f"| {row['gflop'] / row['onnxruntime_s']:.1f} | " + " | ".join(cells) + " |")
+                     f"| {ort_cell} | " + " | ".join(cells) + " |")
     lines.append("")
     return "\n".join(lines)
 
