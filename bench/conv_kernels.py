@@ -181,12 +181,17 @@ def main() -> None:
     write_results(args.out, "conv_kernels", report, markdown(report))
 
 
+def _gflops(gflop: float, seconds: float, passes: list[float] | None) -> str:
+    """GFLOPS at the median, with its min-max over the passes where there are any."""
+    return f"{gflop / seconds:.1f}" + (f" ({gflop / max(passes):.0f}-{gflop / min(passes):.0f})" if passes else "")
+
+
 def _cells(row: dict, result: dict | None) -> str:
     """GFLOPS (min-max over the passes) | ratio (the range pairing one side's slowest pass with the other's fastest)."""
     if not result:
         return "- | -"
     gflop, ort, own = row["gflop"], row.get("onnxruntime_passes_s"), result.get("passes_s")
-    cell = f"{gflop / result['seconds']:.1f}" + (f" ({gflop / max(own):.0f}-{gflop / min(own):.0f})" if own else "")
+    cell = _gflops(gflop, result["seconds"], own)
     ratio = f"{row['onnxruntime_s'] / result['seconds']:.2f}"
     if own and ort:
         ratio += f" ({min(ort) / max(own):.2f}-{max(ort) / min(own):.2f})"
@@ -208,9 +213,7 @@ def markdown(report: dict) -> str:
              "|---|---|---:|---:|" + "---:|---:|" * len(layouts)]
     for row in report["convs"]:
         cells = [_cells(row, row["tunecore"].get(layout)) for layout in layouts]
-        ort = row.get("onnxruntime_passes_s")
-        ort_cell = f"{row['gflop'] / row['onnxruntime_s']:.1f}" + (
-            f" ({row['gflop'] / max(ort):.0f}-{row['gflop'] / min(ort):.0f})" if ort else "")
+        ort_cell = _gflops(row["gflop"], row["onnxruntime_s"], row.get("onnxruntime_passes_s"))
         lines.append(f"| {row['conv']} | {', '.join(row['models'])} | {row['gflop']:.3f} "
                      f"| {ort_cell} | " + " | ".join(cells) + " |")
     lines.append("")
