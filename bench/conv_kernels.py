@@ -25,7 +25,7 @@ import os
 import numpy as np
 
 from tunecore import experiments
-from tunecore.experiments import command_line, environment, write_results
+from tunecore.experiments import command_line, environment, ratio_range, write_results
 
 
 def distinct_convs(model: str) -> list[dict]:
@@ -192,10 +192,7 @@ def _cells(row: dict, result: dict | None) -> str:
         return "- | -"
     gflop, ort, own = row["gflop"], row.get("onnxruntime_passes_s"), result.get("passes_s")
     cell = _gflops(gflop, result["seconds"], own)
-    ratio = f"{row['onnxruntime_s'] / result['seconds']:.2f}"
-    if own and ort:
-        ratio += f" ({min(ort) / max(own):.2f}-{max(ort) / min(own):.2f})"
-    return f"{cell} | {ratio}"
+    return f"{cell} | {row['onnxruntime_s'] / result['seconds']:.2f}{ratio_range(ort, own)}"
 
 
 def markdown(report: dict) -> str:

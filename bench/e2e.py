@@ -34,7 +34,7 @@ import numpy as np
 
 from tunecore import experiments
 from tunecore.cli.args import duration
-from tunecore.experiments import command_line, environment, write_results
+from tunecore.experiments import command_line, environment, ratio_range, write_results
 
 NETWORKS = ("resnet-18", "mobilenet-v2", "bert-base", "resnext", "convnext")
 CORPUS_CNNS = ("resnext", "convnext")  # tunecore.workloads.corpus
@@ -280,10 +280,7 @@ def _min_max(v: dict) -> str:
 
 def _ratio_spread(reference: dict, v: dict) -> str:
     """' (low-high)' of reference / v over the two variants' passes, or '' without passes."""
-    ref, own = reference.get("passes_ms"), v.get("passes_ms")
-    if not ref or not own or reference is v:
-        return ""
-    return f" ({min(ref) / max(own):.2f}-{max(ref) / min(own):.2f})"
+    return "" if reference is v else ratio_range(reference.get("passes_ms"), v.get("passes_ms"))
 
 
 def markdown(report: dict) -> str:

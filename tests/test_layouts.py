@@ -40,17 +40,22 @@ def test_the_blocked_layout_gives_blocked_conv_tasks_and_no_weight_transforms(cn
     plain, tasks = _task_names(cnn, "nchw"), _tasks(cnn, "nchwc")
     blocked = [t["name"] for t in tasks]
     assert not any("NCHWc" in name for name in plain)
-    # the 16- and 32-channel convs are blocked, the depthwise one too, and the 24-channel one by 8 where vectors
-    # hold 16 floats (by 8 with 8); the stem (3 channels) stays NCHW, and so does the grouped conv (computed in
-    # NCHW between transforms)
-    assert sum("conv2d_NCHWc" in name and "depthwise" not in name for name in blocked) == 3
+    # the 16- and 32-channel convs are blocked, the depthwise one too, the 24-channel one by 8 where vectors
+    # hold 16 floats (by 8 with 8), and the stem's 3 input channels as one block; the grouped conv stays NCHW
+    # (computed in NCHW between transforms)
+    assert sum("conv2d_NCHWc" in name and "depthwise" not in name for name in blocked) == 5
     lanes = vector_lanes(host_target())
-    assert [_blocks(t) for t in tasks if "conv2d_NCHWc" in t["name"] and "depthwise" not in t["name"]
-            and _channels(t) == (32, 24)] == [(min(lanes, 16), 8 if lanes >= 8 else 4)]
+    convs = [t for t in tasks if "conv2d_NCHWc" in t["name"] and "depthwise" not in t["name"]]
+    assert [_blocks(t) for t in convs if _channels(t) == (32, 24)] == [(min(lanes, 16), 8 if lanes >= 8 else 4)]
+    assert [_blocks(t) for t in convs if _channels(t)[0] == 3] == [(3, min(lanes, 16))]
     assert sum("depthwise_conv2d_NCHWc" in name for name in blocked) == 1
-    assert sum("conv2d" in name and "NCHWc" not in name for name in blocked) == 2
+    assert sum("conv2d" in name and "NCHWc" not in name for name in blocked) == 1
+    # the stem's max pool follows it into the blocked layout: no transform between the stem and the two convs
+    # reading the pool
+    pool = next(t for t in tasks if "max_pool2d" in t["name"])
+    assert len(pool["args"][0][2]) == 5 and "max_pool2d" in _task_names(cnn, "nchw")
     # weights are transformed once at compile time: no task transforms a weight alone; activations are
-    # transformed into the blocked layout after the stem, around the grouped conv, from 16 to 8 lanes (one
+    # transformed into the blocked layout at the input, around the grouped conv, from 16 to 8 lanes (one
     # transform, not two) and out of it at the end
     assert 2 <= sum("layout_transform" in name for name in blocked) <= 5
     assert any("transpose" in name for name in _task_names(cnn, "nhwc"))
@@ -119,8 +124,8 @@ def test_the_blocked_conv_space_reaches_register_tiled_kernels_beside_multi_leve
     from tunecore.workloads import extract_tasks, load_workload
 
     target = host_target()
-    task = next(t for t in extract_tasks(load_workload(cnn, layout="nchwc"), target) if "add1_relu1" in t.name
-                and "NCHWc" in t.name)  # the 16 -> 32 channel 3x3 conv, 16x16 output
+    task = max((t for t in extract_tasks(load_workload(cnn, layout="nchwc"), target) if "conv2d_NCHWc" in t.name
+                and "depthwise" not in t.name), key=lambda t: t.flops)  # the 16 -> 32 channel 3x3 conv, 16x16 output
     lanes = vector_lanes(target)
     tiles = register_tiles(lanes, 32 // lanes, 16)
     space = DesignSpace(task, seed=0)

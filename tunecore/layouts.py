@@ -6,8 +6,9 @@
   width in fp32 lanes (16 with AVX-512, 8 with AVX2), the layout of onnxruntime's MLAS and oneDNN: a kernel's
   innermost loop is one full vector of output channels. A conv whose channels are not a multiple of B is blocked
   on each side by the widest of B, B / 2 and B / 4 that divides them (MobileNetV2's 24 -> 144 channels: NCHW8c in,
-  NCHW16c out with AVX-512), else stays NCHW (the stem's 3 input channels), with layout transforms around it;
-  elementwise ops between two transforms are moved into the blocked layout, so the transforms cancel.
+  NCHW16c out with AVX-512), an input of fewer than B channels by all of them (the stem's 3: NCHW3c, a register
+  tile like any blocked conv's, as MLAS runs it), else stays NCHW, with layout transforms around it; elementwise
+  ops and pools between two transforms are moved into the blocked layout, so the transforms cancel.
 
 The conversion runs where legalization does (``fusion_passes``), so task extraction and ``compile`` see the same
 kernels; weights are transformed once at compile time (folded when bound as constants, lifted into
@@ -27,6 +28,7 @@ LAYOUTS = ("nchw", "nhwc", "nchwc")
 DEFAULT = "nchw"
 _BINARY = frozenset({"relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum",
                      "relax.minimum", "relax.power"})
+_POOLS = frozenset({"relax.nn.max_pool2d", "relax.nn.avg_pool2d"})
 _UNARY = frozenset({"relax.nn.relu", "relax.sigmoid", "relax.tanh", "relax.nn.silu", "relax.nn.gelu", "relax.exp",
                     "relax.negative", "relax.sqrt"})
 
@@ -70,8 +72,10 @@ def layout_passes(layout: str, target: Any) -> list:
         lanes = vector_lanes(target)
         desired = {"relax.nn.conv2d": [f"NCHW{lanes}c", f"OIHW{lanes}o"]}
     # transforms that cancel leave a value bound to another's name, which fusion does not see through
-    blocked = [_narrower_blocks(lanes), _transforms_through_elementwise(), _composed_transforms(),
-               relax.transform.CanonicalizeBindings()] if layout == "nchwc" else []
+    # and ConvertLayout transforms a value once per use (ResNet's max pool, read by a conv and a residual add):
+    # one transform each, so that it can move up through the pool
+    blocked = [_narrower_blocks(lanes), relax.transform.EliminateCommonSubexpr(), _transforms_through_elementwise(),
+               _composed_transforms(), relax.transform.CanonicalizeBindings()] if layout == "nchwc" else []
     converted = tvm.transform.Sequential([_full_rank_broadcasts(), relax.transform.ConvertLayout(desired), *blocked])
 
     @tvm.transform.module_pass(opt_level=0, name="ConvLayout")
@@ -84,15 +88,17 @@ def layout_passes(layout: str, target: Any) -> list:
 def conv_blocks(call: Any, lanes: int) -> tuple[int, int] | None:
     """The (input, output) channel blocks of a plain NCHW conv that ConvertLayout left unblocked (its channels are
     not all multiples of ``lanes``): for each side the widest of ``lanes``, ``lanes`` / 2 and ``lanes`` / 4 (at least
-    4) dividing its channels (MobileNetV2's 24 -> 144: 8 in, 16 out with AVX-512); None where one side has none
-    (the stem's 3)."""
+    4) dividing its channels (MobileNetV2's 24 -> 144: 8 in, 16 out with AVX-512); fewer input channels than
+    ``lanes`` that none divides are one block (the stem's 3: NCHW3c in); None where a side has no block."""
     attrs = call.attrs
     if (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout), int(attrs.groups)) != (
             "NCHW", "OIHW", "NCHW", 1):
         return None
     blocks = []
-    for channels in (int(call.args[0].ty.shape[1]), int(call.args[1].ty.shape[0])):
+    for side, channels in enumerate((int(call.args[0].ty.shape[1]), int(call.args[1].ty.shape[0]))):
         fitting = [b for b in (lanes, lanes // 2, lanes // 4) if b >= 4 and channels % b == 0]
+        if not fitting and side == 0 and channels < lanes:
+            fitting = [channels]  # one block of every input channel: the stem's 3 (MLAS blocks it the same way)
         if not fitting:
             return None
         blocks.append(fitting[0])
@@ -182,6 +188,8 @@ def _transforms_through_elementwise() -> Any:
             if not isinstance(value, relax.Var) or self.uses.get(value) != 1:
                 return None
             bound = self.lookup_binding(value)
+            if isinstance(bound, relax.Call) and getattr(bound.op, "name", None) in _POOLS:
+                return self.pooled(bound, index_map)
             if not isinstance(bound, relax.Call) or getattr(bound.op, "name", None) not in elementwise:
                 return None
             shape = _static_shape(value)
@@ -205,6 +213,25 @@ def _transforms_through_elementwise() -> Any:
                     return None
             return relax.Call(bound.op, args, bound.attrs, bound.ty_args)
 
+        def pooled(self, pool: Any, index_map: Any) -> Any:
+            """An NCHW pool computed in the blocked layout that ``index_map`` (a split of the channels alone)
+            gives, on its input transformed the same way: ResNet's max pool after the blocked stem. None where
+            that would transform an activation that is not a transform's output."""
+            attrs, data = pool.attrs, pool.args[0]
+            block = _channel_block(index_map, _static_shape(data))
+            if block is None or (str(attrs.layout), str(attrs.out_layout)) != ("NCHW", "NCHW"):
+                return None
+            if isinstance(data, relax.Var) and _transform_of(self.lookup_binding(data)) is not None:
+                data = self.builder_.emit(relax.op.layout_transform(data, index_map))
+            else:
+                data = self.moved(data, index_map)
+                if data is None:
+                    return None
+                data = self.builder_.emit(data)
+            layout, pool_op = f"NCHW{block}c", getattr(relax.op.nn, pool.op.name.split(".")[-1])
+            return pool_op(data, attrs.pool_size, attrs.strides, attrs.padding, attrs.dilation, attrs.ceil_mode,
+                           attrs.count_include_pad, layout, layout)
+
     def _broadcasts_through(small: list[int] | None, full: list[int], index_map: Any) -> bool:
         """Whether an operand of shape ``small`` broadcast against ``full`` is still broadcast correctly after both
         are transformed: each index the map writes reads only dimensions the operand has in full, or only ones
@@ -221,6 +248,24 @@ def _transforms_through_elementwise() -> Any:
         return True
 
     return _every_function(Through, "TransformsThroughElementwise")
+
+
+def _channel_block(index_map: Any, shape: list[int] | None) -> int | None:
+    """B where ``index_map`` maps an NCHW tensor of ``shape`` to NCHW{B}c, (n, c, h, w) -> (n, c // B, h, w, c % B),
+    else None."""
+    import tvm
+    from tvm.sym.analyzer import Analyzer
+
+    if shape is None or len(shape) != 4 or index_map.initial_indices is None or len(index_map.final_indices) != 5:
+        return None
+    n, c, h, w = index_map.initial_indices
+    block = int(index_map.map_shape(shape)[-1])
+    analyzer = Analyzer()
+    for index, extent in zip(index_map.initial_indices, shape):
+        analyzer.bind(index, tvm.ir.Range(tvm.tirx.const(0, str(index.ty)), tvm.tirx.const(extent, str(index.ty))))
+    wanted = (n, tvm.tirx.floordiv(c, block), h, w, tvm.tirx.floormod(c, block))
+    return block if all(analyzer.can_prove_equal(got, want) for got, want in zip(index_map.final_indices, wanted)) \
+        else None
 
 
 def _composed_transforms() -> Any:

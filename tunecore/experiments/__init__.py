@@ -31,6 +31,7 @@ from tunecore.experiments.timing import (
     median_call_seconds,
     pass_orders,
     passes_together,
+    ratio_range,
     remeasure_passes,
     remeasure_together,
     time_builds_together,
@@ -39,7 +40,7 @@ from tunecore.experiments.timing import (
 __all__ = [
     "BUILDER_TIMEOUT_S", "best_candidates", "best_programs", "build_from_store", "cached_run", "command_line",
     "dataset_line", "dataset_record", "environment",
-    "environment_line", "median_call_seconds", "pass_orders", "passes_together", "remeasure_passes",
+    "environment_line", "median_call_seconds", "pass_orders", "passes_together", "ratio_range", "remeasure_passes",
     "remeasure_together", "remove_sqlite", "run_metaschedule", "run_metaschedule_for", "run_timed", "run_tunecore",
     "script_parser", "split_tables", "time_builds_together", "write_results",
 ]

@@ -43,6 +43,15 @@ def median_call_seconds(function: Callable[[], Any]) -> float:
         times.append(time.perf_counter() - t)
     return float(np.median(times))
 
+def ratio_range(reference_passes: Sequence[float], own_passes: Sequence[float]) -> str:
+    """' (low-high)' of reference / own time over two variants' passes: the reference's slowest pass over this
+    one's fastest, and its fastest over this one's slowest. Only a range wholly above 1 (this one faster) or below
+    it (slower) is a difference beyond the spread; '' without passes."""
+    if not reference_passes or not own_passes:
+        return ""
+    return f" ({min(reference_passes) / max(own_passes):.2f}-{max(reference_passes) / min(own_passes):.2f})"
+
+
 def passes_together(timers: dict[str, Callable[[], float]], passes: int,
                     seed: int | None = None) -> dict[str, list[float]]:
     """Seconds from each timer in each pass over all of them, in the orders of ``pass_orders``."""

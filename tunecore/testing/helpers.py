@@ -234,20 +234,24 @@ def write_inverted_residual_onnx(path):
 
 
 def write_small_cnn_onnx(path):
-    """A small CNN as ONNX (needs the `onnx` package), for the layout paths: a 3-channel stem conv, a 3x3 conv
-    16 -> 32 with bias and relu, a 1x1 conv with a residual add, a depthwise 3x3 conv with relu6 (Clip), a 1x1
+    """A small CNN as ONNX (needs the `onnx` package), for the layout paths: a 3-channel stem conv with relu and
+    a 3x3 max pool (stride 1) read by two convs (a 3x3 conv 16 -> 32 with bias, and a 1x1 shortcut conv added to
+    it, then relu), a 1x1 conv with a residual add, a depthwise 3x3 conv with relu6 (Clip), a 1x1
     conv in 2 groups, a 1x1 conv to 24 channels (blocked by 8 where vectors hold 16 floats), global average
     pooling and a matmul; input 1x3x16x16. Every other channel count but the stem's is a multiple of 16."""
     from onnx import helper
 
     weights = _cnn_weights({"W1": (16, 3, 3, 3), "B1": (16,), "W2": (32, 16, 3, 3), "B2": (32,),
                             "W3": (32, 32, 1, 1), "B3": (32,), "W4": (32, 1, 3, 3), "W6": (32, 16, 1, 1),
-                            "W7": (24, 32, 1, 1), "W5": (24, 10)})
+                            "W7": (24, 32, 1, 1), "W5": (24, 10), "W8": (32, 16, 1, 1)})
     nodes = [
         helper.make_node("Conv", ["x", "W1", "B1"], ["c1"], pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["c1"], ["r1"]),
-        helper.make_node("Conv", ["r1", "W2", "B2"], ["c2"], pads=[1, 1, 1, 1]),
-        helper.make_node("Relu", ["c2"], ["r2"]),
+        helper.make_node("MaxPool", ["r1"], ["m1"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["m1", "W2", "B2"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["m1", "W8"], ["s2"]),
+        helper.make_node("Add", ["c2", "s2"], ["a2"]),
+        helper.make_node("Relu", ["a2"], ["r2"]),
         helper.make_node("Conv", ["r2", "W3", "B3"], ["c3"]),
         helper.make_node("Add", ["c3", "r2"], ["a3"]),
         helper.make_node("Relu", ["a3"], ["r3"]),
