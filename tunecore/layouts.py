@@ -71,9 +71,9 @@ def layout_passes(layout: str, target: Any) -> list:
     else:  # weights blocked by output channel only, so that depthwise convs (one input channel) convert too
         lanes = vector_lanes(target)
         desired = {"relax.nn.conv2d": [f"NCHW{lanes}c", f"OIHW{lanes}o"]}
-    # transforms that cancel leave a value bound to another's name, which fusion does not see through
-    # and ConvertLayout transforms a value once per use (ResNet's max pool, read by a conv and a residual add):
-    # one transform each, so that it can move up through the pool
+    # ConvertLayout transforms a value once per use (ResNet's max pool, read by a conv and a residual add): common
+    # subexpressions first, so that its one transform can move up through the pool; transforms that cancel leave
+    # a value bound to another's name, which fusion does not see through: canonical bindings last
     blocked = [_narrower_blocks(lanes), relax.transform.EliminateCommonSubexpr(), _transforms_through_elementwise(),
                _composed_transforms(), relax.transform.CanonicalizeBindings()] if layout == "nchwc" else []
     converted = tvm.transform.Sequential([_full_rank_broadcasts(), relax.transform.ConvertLayout(desired), *blocked])
@@ -198,20 +198,26 @@ def _transforms_through_elementwise() -> Any:
                 arg_shape = _static_shape(arg)
                 if arg_shape == []:
                     args.append(arg)
-                elif arg_shape == shape and isinstance(arg, relax.Var) and (
-                        _transform_of(self.lookup_binding(arg)) is not None or arg in self.known):
-                    args.append(self.builder_.emit(relax.op.layout_transform(arg, index_map)))
                 elif arg_shape == shape:
-                    inner = self.moved(arg, index_map)
-                    if inner is None:
+                    arg = self.transformed(arg, index_map)
+                    if arg is None:
                         return None
-                    args.append(self.builder_.emit(inner))
+                    args.append(arg)
                 elif (isinstance(arg, tvm.ir.expr.Constant) or arg in self.known) and _broadcasts_through(
                         arg_shape, shape, index_map):
                     args.append(self.builder_.emit(relax.op.layout_transform(arg, index_map)))
                 else:
                     return None
             return relax.Call(bound.op, args, bound.attrs, bound.ty_args)
+
+        def transformed(self, arg: Any, index_map: Any) -> Any:
+            """``arg`` in ``index_map``'s layout: transformed where it is a transform's output (the two then
+            compose or cancel) or known at compile time, else its op moved into that layout; None where neither."""
+            if isinstance(arg, relax.Var) and (_transform_of(self.lookup_binding(arg)) is not None
+                                               or arg in self.known):
+                return self.builder_.emit(relax.op.layout_transform(arg, index_map))
+            inner = self.moved(arg, index_map)
+            return None if inner is None else self.builder_.emit(inner)
 
         def pooled(self, pool: Any, index_map: Any) -> Any:
             """An NCHW pool computed in the blocked layout that ``index_map`` (a split of the channels alone)
@@ -221,13 +227,9 @@ def _transforms_through_elementwise() -> Any:
             block = _channel_block(index_map, _static_shape(data))
             if block is None or (str(attrs.layout), str(attrs.out_layout)) != ("NCHW", "NCHW"):
                 return None
-            if isinstance(data, relax.Var) and _transform_of(self.lookup_binding(data)) is not None:
-                data = self.builder_.emit(relax.op.layout_transform(data, index_map))
-            else:
-                data = self.moved(data, index_map)
-                if data is None:
-                    return None
-                data = self.builder_.emit(data)
+            data = self.transformed(data, index_map)
+            if data is None:
+                return None
             layout, pool_op = f"NCHW{block}c", getattr(relax.op.nn, pool.op.name.split(".")[-1])
             return pool_op(data, attrs.pool_size, attrs.strides, attrs.padding, attrs.dilation, attrs.ceil_mode,
                            attrs.count_include_pad, layout, layout)
@@ -254,18 +256,27 @@ def _channel_block(index_map: Any, shape: list[int] | None) -> int | None:
     """B where ``index_map`` maps an NCHW tensor of ``shape`` to NCHW{B}c, (n, c, h, w) -> (n, c // B, h, w, c % B),
     else None."""
     import tvm
-    from tvm.sym.analyzer import Analyzer
 
     if shape is None or len(shape) != 4 or index_map.initial_indices is None or len(index_map.final_indices) != 5:
         return None
     n, c, h, w = index_map.initial_indices
     block = int(index_map.map_shape(shape)[-1])
-    analyzer = Analyzer()
-    for index, extent in zip(index_map.initial_indices, shape):
-        analyzer.bind(index, tvm.ir.Range(tvm.tirx.const(0, str(index.ty)), tvm.tirx.const(extent, str(index.ty))))
+    analyzer = _bounded_analyzer(index_map.initial_indices, shape)
     wanted = (n, tvm.tirx.floordiv(c, block), h, w, tvm.tirx.floormod(c, block))
     return block if all(analyzer.can_prove_equal(got, want) for got, want in zip(index_map.final_indices, wanted)) \
         else None
+
+
+def _bounded_analyzer(indices: Any, extents: list[int]) -> Any:
+    """An arithmetic analyzer that knows each index lies in [0, its extent): index maps are identities only within
+    those ranges ((c * 8 + b) // 8 is c for b < 8)."""
+    import tvm
+    from tvm.sym.analyzer import Analyzer
+
+    analyzer = Analyzer()
+    for index, extent in zip(indices, extents):
+        analyzer.bind(index, tvm.ir.Range(tvm.tirx.const(0, str(index.ty)), tvm.tirx.const(extent, str(index.ty))))
+    return analyzer
 
 
 def _composed_transforms() -> Any:
@@ -274,10 +285,8 @@ def _composed_transforms() -> Any:
     where something else uses it."""
     import math
 
-    import tvm
     from tvm import relax
     from tvm.relax.expr_functor import PyExprMutator, mutator
-    from tvm.sym.analyzer import Analyzer
     from tvm.tirx import IndexMap
 
     @mutator
@@ -297,9 +306,7 @@ def _composed_transforms() -> Any:
             first, second = inner.attrs.index_map, outer.attrs.index_map
             composed = IndexMap.from_func(lambda *i: second.map_indices(first.map_indices(list(i))),
                                           ndim=len(sizes[0]), index_dtype="int64")
-            analyzer = Analyzer()  # an identity only within the indices' ranges: (c * 8 + b) // 8 is c for b < 8
-            for index, extent in zip(composed.initial_indices, sizes[0]):
-                analyzer.bind(index, tvm.ir.Range(tvm.tirx.const(0, "int64"), tvm.tirx.const(extent, "int64")))
+            analyzer = _bounded_analyzer(composed.initial_indices, sizes[0])
             if sizes[2] == sizes[0] and all(analyzer.can_prove_equal(final, initial) for final, initial
                                             in zip(composed.final_indices, composed.initial_indices)):
                 return source
