@@ -99,8 +99,9 @@ def tune_metaschedule(onnx_path: str, work_dir: str, seconds: float, trials_per_
 
 
 def variants(name: str, model: Any, x: np.ndarray, onnx_path: str, store: str, ms_work_dir: str | None,
-             threads: int, layout: str) -> dict[str, Callable]:
-    """name -> a function running one inference and returning the output as numpy (or raising)."""
+             threads: int, layout: str, other_stores: dict[str, str]) -> dict[str, Callable]:
+    """name -> a function running one inference and returning the output as numpy (or raising);
+    ``other_stores``: label -> another tunecore store of this network, built and timed beside."""
     import onnxruntime as ort
     import torch
     from tvm.s_tir import meta_schedule as ms
@@ -138,9 +139,12 @@ def variants(name: str, model: Any, x: np.ndarray, onnx_path: str, store: str, m
 
     target = resolve_target("llvm")
     workload = load_workload(onnx_path, layout=layout)
+    tasks = extract_tasks(workload, target)
     builds = {"tvm untuned": lambda: (build(workload, target, ms.database.MemoryDatabase()), None),
-              "tvm tuned by tunecore": lambda: experiments.build_from_store(workload, extract_tasks(workload, target),
-                                                                            target, store)}
+              "tvm tuned by tunecore": lambda: experiments.build_from_store(workload, tasks, target, store)}
+    for label, path in other_stores.items():
+        builds[f"tvm tuned by tunecore, {label}"] = lambda p=path: experiments.build_from_store(workload, tasks,
+                                                                                               target, p)
     if ms_work_dir:
         builds["tvm tuned by MetaSchedule"] = lambda: (
             build(workload, target, ms.database.JSONDatabase(work_dir=ms_work_dir)), None)
@@ -197,6 +201,9 @@ def main() -> None:
     parser.add_argument("--tunecore-option", action="append", default=[], metavar="KEY=VALUE",
                         help="an -O option for tunecore's tuning, e.g. measurer.cpu_cache_flush=true (repeatable; "
                              "a tuning of its own)")
+    parser.add_argument("--compare-store", action="append", default=[], metavar="LABEL=PATH",
+                        help="another tunecore store of the (one) network, e.g. a tuning with other options, built "
+                             "and timed beside the others as 'tvm tuned by tunecore, LABEL' (repeatable)")
     parser.add_argument("--passes", type=int, default=5)
     parser.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "tunecore-bench-e2e"))
     args = parser.parse_args()
@@ -207,6 +214,11 @@ def main() -> None:
     unknown = [m for m in models if m not in NETWORKS]
     if unknown:
         parser.error(f"--models: unknown network {unknown[0]!r}; known: {', '.join(NETWORKS)}")
+    other_stores = dict(s.split("=", 1) for s in args.compare_store if "=" in s)
+    if len(other_stores) < len(args.compare_store) or any(not os.path.isfile(p) for p in other_stores.values()):
+        parser.error(f"--compare-store: LABEL=PATH of an existing store, not {args.compare_store!r}")
+    if other_stores and len(models) > 1:
+        parser.error("--compare-store: with one network in --models")
     needs_transformers = {"bert-base", "convnext"} & set(models)
     missing = [m for m in ("torch", "onnxruntime", *(["transformers"] if needs_transformers else []))
                if importlib.util.find_spec(m) is None]
@@ -243,7 +255,7 @@ def main() -> None:
             tuning["MetaSchedule"] = tune_metaschedule(onnx_path, ms_work_dir, ms_seconds,
                                                        args.ms_trials_per_iter, done_path, layout)
         functions = variants(name, model, x, onnx_path, store, ms_work_dir if "metaschedule" in tuners else None,
-                             threads, layout)
+                             threads, layout, other_stores)
         with torch.inference_mode():
             reference = model(torch.from_numpy(x)).numpy()
         print(f"timing {name} ...", file=sys.stderr, flush=True)
@@ -255,7 +267,7 @@ def main() -> None:
     report = {"benchmark": "e2e", "search": args.search, "cost_model": args.cost_model, "trials": args.trials,
               "time_budget_s": args.time_budget, "ms_time_budget_s": ms_seconds,
               "ms_trials_per_iter": args.ms_trials_per_iter, "layout": args.layout,
-              "tunecore_options": args.tunecore_option,
+              "tunecore_options": args.tunecore_option, "compare_stores": other_stores,
               "threads": threads, "passes": args.passes, "networks": networks, "environment": environment(),
               "versions": _versions(), "command": command_line("e2e.py")}
     write_results(args.out, "e2e", report, markdown(report))
@@ -301,7 +313,9 @@ def markdown(report: dict) -> str:
              f"{experiments.BUILDER_TIMEOUT_S} s) on the same tasks, stopped at "
              f"{report.get('ms_time_budget_s', report['time_budget_s']) / 60:g} min. Both built as `tunecore "
              f"compile` builds (weights pre-packed). Latency: median of {report['passes']} alternating passes, all "
-             "variants in one process; outputs checked against PyTorch eager.", "",
+             "variants in one process; outputs checked against PyTorch eager."
+             + "".join(f" 'tvm tuned by tunecore, {label}': the build of another tunecore store, `{path}`."
+                       for label, path in report.get("compare_stores", {}).items()), "",
              "Spread: each variant's fastest and slowest pass (min-max ms). A ratio's range in brackets pairs the "
              "other's slowest pass with this variant's fastest, and the other's fastest with this one's slowest; "
              "only a range wholly above 1.00x (this variant faster) or wholly below it (slower) is a difference "
