@@ -11,7 +11,10 @@ For each network of bench/e2e.py (the same ONNX export) and a tunecore store tun
   kind and output shape (ORT fuses Conv+Add+Relu and MatMul+Add as TVM does, so most layers match one
   to one).
 
-    python bench/e2e_gap.py --model resnet-18 --store S.db [--onnx NET.onnx]   # default: bench/e2e.py's export
+The three alternate in ``--passes`` passes (each the median of its runs), and each number is the median over the
+passes: timed one after the other, minutes apart, they would differ by the host's drift as well.
+
+    python bench/e2e_gap.py --model resnet-18 --store S.db [--onnx NET.onnx] [--layout nchwc] [--passes 3]
 
 Writes bench/results/e2e_gap-<model>.{json,md}.
 """
@@ -64,9 +67,9 @@ def _task_name(symbol: str) -> str:
     return symbol.removesuffix("_prepacked")
 
 
-def alone_seconds(tasks: list, database: Any, target: Any) -> dict[str, float]:
-    """Each task's program as the tuned build compiles it, built and timed alone by the measurer's own
-    worker functions (packed weights passed packed; median of 5 timings of at least 50 ms each)."""
+def build_alone(tasks: list, database: Any, target: Any, directory: str) -> dict[str, tuple[str, list]]:
+    """Each task's program as the tuned build compiles it, built alone by the measurer's own worker functions
+    (packed weights passed packed): task name -> (library path, its arguments)."""
     import tvm
 
     from tunecore.compile import scheduled_operator
@@ -74,15 +77,22 @@ def alone_seconds(tasks: list, database: Any, target: Any) -> dict[str, float]:
     from tunecore.tvmjson import target_to_json
     from tunecore.workloads import Workload
 
-    target_json = target_to_json(target)
-    evaluator = dict(number=1, repeat=5, min_repeat_ms=50, enable_cpu_cache_flush=False)
     out = {}
-    with tempfile.TemporaryDirectory() as directory:
-        for task in tasks:
-            mod = scheduled_operator(Workload(task.name, task.mod, False), target, database)
-            path, _, args, _ = worker.build(tvm.ir.save_json(mod), target_json, directory)
-            out[task.name] = float(np.median(worker.run(path, target_json, args, evaluator, None)[0]))
+    for task in tasks:
+        mod = scheduled_operator(Workload(task.name, task.mod, False), target, database)
+        path, _, args, _ = worker.build(tvm.ir.save_json(mod), target_to_json(target), directory)
+        out[task.name] = (path, args)
     return out
+
+
+def alone_seconds(built: dict[str, tuple[str, list]], target: Any) -> dict[str, float]:
+    """Each built task timed alone as the measurer times it: median of 5 timings of at least 50 ms each."""
+    from tunecore.measure import worker
+    from tunecore.tvmjson import target_to_json
+
+    evaluator = dict(number=1, repeat=5, min_repeat_ms=50, enable_cpu_cache_flush=False)
+    return {name: float(np.median(worker.run(path, target_to_json(target), args, evaluator, None)[0]))
+            for name, (path, args) in built.items()}
 
 
 def ort_node_times(onnx_path: str, feed: dict, threads: int, runs: int) -> tuple[list[dict], float]:
@@ -167,7 +177,7 @@ def _group() -> dict:
     return {"tvm_kernels": [], "ort_nodes": [], "in_model_ms": 0.0, "alone_ms": 0.0, "calls": 0, "ort_ms": 0.0}
 
 
-def analyse(onnx_path: str, store_file: str, runs: int, layout: str = "nchw") -> dict:
+def analyse(onnx_path: str, store_file: str, runs: int, layout: str = "nchw", passes: int = 3) -> dict:
     import tvm
 
     from tunecore.check import max_relative_error
@@ -196,8 +206,24 @@ def analyse(onnx_path: str, store_file: str, runs: int, layout: str = "nchw") ->
     error = max_relative_error(runnable.outputs(), untuned.outputs())
     del untuned
     whole_ms = runnable.time(10, 300) * 1e3
-    calls = in_model_seconds(runnable, runs)
-    alone = alone_seconds(tasks, database, target)
+    name_of_input = workload.mod["main"].params[0].name
+    # the three timings alternate in passes, so that the host's drift over minutes falls on all of them alike
+    in_model, alone_passes, ort_passes = [], [], []
+    with tempfile.TemporaryDirectory() as directory:
+        built = build_alone(tasks, database, target, directory)
+        for _ in range(passes):
+            in_model.append(in_model_seconds(runnable, runs))
+            alone_passes.append(alone_seconds(built, target))
+            ort_passes.append(ort_node_times(onnx_path, {name_of_input: inputs[0]}, threads, runs))
+    calls = {symbol: {"calls": c["calls"], "ms": float(np.median([p[symbol]["ms"] for p in in_model]))}
+             for symbol, c in in_model[0].items()}
+    alone = {name: float(np.median([p[name] for p in alone_passes])) for name in alone_passes[0]}
+    ort_ms = collections.defaultdict(list)
+    for rows, _ in ort_passes:
+        for row in rows:
+            ort_ms[row["node"]].append(row["ms"])
+    ort_rows = [{**row, "ms": float(np.median(ort_ms[row["node"]]))} for row in ort_passes[0][0]]
+    ort_whole_ms = float(np.median([whole for _, whole in ort_passes]))
     by_name = {t.name: t for t in tasks}
     tvm_rows = []
     for symbol, c in calls.items():
@@ -213,8 +239,6 @@ def analyse(onnx_path: str, store_file: str, runs: int, layout: str = "nchw") ->
             "shape": _as_nchw(tuple(task.args[-1][2]), layout),
         })
     others = {s: c for s, c in calls.items() if _task_name(s) not in by_name}
-    name_of_input = workload.mod["main"].params[0].name
-    ort_rows, ort_whole_ms = ort_node_times(onnx_path, {name_of_input: inputs[0]}, threads, runs)
     kernels_ms = sum(r["in_model_ms"] for r in tvm_rows)
     return {
         "onnx": onnx_path, "store": store_file, "threads": threads, "tasks": len(tasks), "tasks_tuned": covered,
@@ -279,13 +303,15 @@ def main() -> None:
     parser.add_argument("--store", required=True, help="a SQLite store tuned on the ONNX file")
     parser.add_argument("--onnx", default=None,
                         help="the ONNX export (default: bench/e2e.py's, <tmp>/tunecore-bench-e2e/MODEL.onnx)")
-    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--runs", type=int, default=20, help="runs per pass (default: 20)")
+    parser.add_argument("--passes", type=int, default=3)
+    parser.add_argument("--layout", default="nchw", help="the layout the store was tuned in (tunecore run --layout)")
     args = parser.parse_args()
     onnx_path = args.onnx or os.path.join(tempfile.gettempdir(), "tunecore-bench-e2e", f"{args.model}.onnx")
     for path, what in ((onnx_path, "--onnx"), (args.store, "--store")):
         if not os.path.exists(path):
             parser.error(f"{what} {path}: no such file")
-    result = analyse(onnx_path, args.store, args.runs)
+    result = analyse(onnx_path, args.store, args.runs, args.layout, args.passes)
     report = {"benchmark": "e2e_gap", "model": args.model, "result": result, "environment": environment(),
               "command": command_line("e2e_gap.py")}
     name = re.sub(r"[^a-z0-9-]", "", args.model.lower())
