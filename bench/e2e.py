@@ -23,6 +23,7 @@ interrupted tuning resumes with the time it has left. Writes bench/results/e2e.{
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import sys
@@ -139,11 +140,11 @@ def variants(name: str, model: Any, x: np.ndarray, onnx_path: str, store: str, m
 
     target = resolve_target("llvm")
     workload = load_workload(onnx_path, layout=layout)
-    tasks = extract_tasks(workload, target)
+    tasks = functools.cache(lambda: extract_tasks(workload, target))  # inside a build: its failure is a result
     builds = {"tvm untuned": lambda: (build(workload, target, ms.database.MemoryDatabase()), None),
-              "tvm tuned by tunecore": lambda: experiments.build_from_store(workload, tasks, target, store)}
+              "tvm tuned by tunecore": lambda: experiments.build_from_store(workload, tasks(), target, store)}
     for label, path in other_stores.items():
-        builds[f"tvm tuned by tunecore, {label}"] = lambda p=path: experiments.build_from_store(workload, tasks,
+        builds[f"tvm tuned by tunecore, {label}"] = lambda p=path: experiments.build_from_store(workload, tasks(),
                                                                                                target, p)
     if ms_work_dir:
         builds["tvm tuned by MetaSchedule"] = lambda: (

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from tunecore.experiments import command_line, environment, script_parser, write_results
+from tunecore.layouts import LAYOUTS
 
 
 def in_model_seconds(runnable: Any, runs: int) -> dict[str, dict]:
@@ -77,10 +78,11 @@ def build_alone(tasks: list, database: Any, target: Any, directory: str) -> dict
     from tunecore.tvmjson import target_to_json
     from tunecore.workloads import Workload
 
+    target_json = target_to_json(target)
     out = {}
     for task in tasks:
         mod = scheduled_operator(Workload(task.name, task.mod, False), target, database)
-        path, _, args, _ = worker.build(tvm.ir.save_json(mod), target_to_json(target), directory)
+        path, _, args, _ = worker.build(tvm.ir.save_json(mod), target_json, directory)
         out[task.name] = (path, args)
     return out
 
@@ -90,8 +92,9 @@ def alone_seconds(built: dict[str, tuple[str, list]], target: Any) -> dict[str, 
     from tunecore.measure import worker
     from tunecore.tvmjson import target_to_json
 
+    target_json = target_to_json(target)
     evaluator = dict(number=1, repeat=5, min_repeat_ms=50, enable_cpu_cache_flush=False)
-    return {name: float(np.median(worker.run(path, target_to_json(target), args, evaluator, None)[0]))
+    return {name: float(np.median(worker.run(path, target_json, args, evaluator, None)[0]))
             for name, (path, args) in built.items()}
 
 
@@ -305,8 +308,11 @@ def main() -> None:
                         help="the ONNX export (default: bench/e2e.py's, <tmp>/tunecore-bench-e2e/MODEL.onnx)")
     parser.add_argument("--runs", type=int, default=20, help="runs per pass (default: 20)")
     parser.add_argument("--passes", type=int, default=3)
-    parser.add_argument("--layout", default="nchw", help="the layout the store was tuned in (tunecore run --layout)")
+    parser.add_argument("--layout", default="nchw", choices=LAYOUTS,
+                        help="the layout the store was tuned in (tunecore run --layout)")
     args = parser.parse_args()
+    if args.passes < 1 or args.runs < 1:
+        parser.error(f"--passes {args.passes} --runs {args.runs}: both at least 1")
     onnx_path = args.onnx or os.path.join(tempfile.gettempdir(), "tunecore-bench-e2e", f"{args.model}.onnx")
     for path, what in ((onnx_path, "--onnx"), (args.store, "--store")):
         if not os.path.exists(path):
