@@ -49,6 +49,10 @@ def main() -> None:
     args = parser.parse_args()
     if not os.path.isfile(args.store) or os.path.exists(args.out):
         parser.error(f"--store must exist ({args.store}) and --out must not ({args.out})")
+    try:
+        tasks = re.compile(args.tasks)
+    except re.error as error:
+        parser.error(f"--tasks {args.tasks!r}: not a regular expression ({error})")
     source, dest = open_store(args.store, create=False), open_store(args.out)
     for model in source.models():
         dest.put_tasks(source.get_tasks(model=model))
@@ -61,7 +65,7 @@ def main() -> None:
         best = source.best(task.task_id, k=1)
         if not best:
             continue
-        trace = rows_first(best[0].trace_json) if re.search(args.tasks, task.name) else None
+        trace = rows_first(best[0].trace_json) if tasks.search(task.name) else None
         dest.commit([dataclasses.replace(best[0], trace_json=trace or best[0].trace_json, run_id=run_id,
                                          key=best[0].key + (":rows-first" if trace else ""))])
         if trace:
