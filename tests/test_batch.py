@@ -207,3 +207,25 @@ def test_a_batch_timed_on_the_h100_imports_as_rows_of_the_h100(tmp_path):
     ran = [r for r in rows if r.error is None]
     assert len(ran) == 3 and all(r.profile["check.max_relative_error"] <= 1e-6 and len(r.run_secs) == 5 for r in ran)
     assert [r.error for r in rows if r.error] and all(r.error.startswith("build:") for r in rows if r.error)
+
+
+def test_profiles_written_after_the_timings_were_imported_join_the_rows(tmp_path):
+    """A batch profiled (`tunecore ncu profile-batch`) after its timings were imported: importing it again adds
+    the profiles to the existing rows, once (the metrics are a real H100 profile of a BERT-base matmul program,
+    2026-11-27, put on one of the fixture's programs)."""
+    import shutil
+
+    from tunecore.dataset import Dataset
+
+    batch, dataset = tmp_path / "b", str(tmp_path / "d.parquet")
+    shutil.copytree(pathlib.Path(__file__).parent / "data" / "h100-batch", batch)
+    assert cli_json(run_cli("dataset", "import-batch", str(batch), "--out", dataset, "--json"))["added"] == 4
+    profile = {"ncu.dram__bytes_read.sum": 11442432.0, "ncu.gpu__time_duration.sum": 0.01616448,
+               "ncu.launch__grid_size": 8.0, "ncu.launch__registers_per_thread": 56.0}
+    program = "7946593417425279110-9ca04b387f137081"
+    (batch / "profiles.json").write_text(json.dumps({program: profile}))
+    out = cli_json(run_cli("dataset", "import-batch", str(batch), "--out", dataset, "--json"))
+    assert out["added"] == 0 and out["profiles_added"] == 1 and out["second_labels"] == 0
+    profiled = [r for r in Dataset.load(dataset).rows if "ncu.launch__grid_size" in r.profile]
+    assert len(profiled) == 1 and {k: profiled[0].profile[k] for k in profile} == profile
+    assert cli_json(run_cli("dataset", "import-batch", str(batch), "--out", dataset, "--json"))["profiles_added"] == 0

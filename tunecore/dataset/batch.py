@@ -76,8 +76,9 @@ def export_batch(directory: str, workloads: list[str], target: Any, per_task: in
 def import_batch(directory: str, dataset_path: str) -> dict[str, Any]:
     """Put a batch's results into a dataset (created if missing): one row per program, failures included, on
     the device the results name; programs not timed yet are left out (import again after timing them). A program
-    the dataset has on that device already keeps its row, and its new clean timing becomes the row's second label
-    (an independent repeat: the noise ceiling of the yardstick)."""
+    the dataset has on that device already keeps its row: its new clean timing becomes the row's second label
+    (an independent repeat: the noise ceiling of the yardstick), and profile metrics it lacks are added (a batch
+    profiled after its timings were imported)."""
     from tunecore.dataset import protocol
     from tunecore.dataset.table import Dataset, DatasetTask, Measurement, changing
 
@@ -93,7 +94,7 @@ def import_batch(directory: str, dataset_path: str) -> dict[str, Any]:
     with changing(dataset_path):
         dataset = Dataset.open(dataset_path)
         device_id = dataset.add_device(device)
-        counts = {"added": 0, "failed": 0, "not_timed": 0, "second_labels": 0}
+        counts = {"added": 0, "failed": 0, "not_timed": 0, "second_labels": 0, "profiles_added": 0}
         for program in manifest["programs"]:
             task = dataset.add_task(DatasetTask(**manifest["tasks"][program["task"]]["task"]))
             if "build_error" in program:
@@ -118,8 +119,13 @@ def import_batch(directory: str, dataset_path: str) -> dict[str, Any]:
             if dataset.add(row):
                 counts["added"] += 1
                 counts["failed"] += row.error is not None
-            elif _second_label(dataset, row):
-                counts["second_labels"] += 1
+            else:
+                known = dataset.row(row.task_key, row.program_key, row.device_id)
+                new_metrics = {k: v for k, v in profiles.get(program["id"], {}).items() if k not in known.profile}
+                if new_metrics:  # profiled after its timing was imported
+                    known.profile.update(new_metrics)
+                    counts["profiles_added"] += 1
+                counts["second_labels"] += _second_label(dataset, row)
         dataset.save(dataset_path)
         return {**counts, "device_id": device_id}
 

@@ -319,6 +319,13 @@ def _open_batch(directory: str) -> tuple[dict, str, Any, Cubins | None]:
     return manifest, kind, device, cubins
 
 
+def batch_cubins(directory: str) -> Cubins | None:
+    """The batch's cubins for this machine's GPU (None for a CPU batch or where its GPU is absent), to compile ahead
+    of a run that should not compile, e.g. one under a profiler: ``cubins.compile(libraries, workers)``, then
+    ``cubins.close()``."""
+    return _open_batch(directory)[3]
+
+
 def _random_arguments(program: dict, device: Any, rng: Any) -> list:
     """Random floats, zero integers (often indices), as the local runner fills unchecked arguments."""
     import numpy as np

@@ -255,9 +255,11 @@ def profile_batch(directory: str, *, limit: int | None = None, chunk: int = 200,
     """Nsight Compute metrics of a batch's programs, on the machine that times them (no TVM compiler needed):
     ``ncu`` runs ``python -m tunecore.measure.batch DIR --call-once`` over ``chunk`` programs at a time, and its
     kernel launches are matched to programs by the kernels each library defines (in call order; a chunk
-    whose launches do not match is left unprofiled). Written to the batch's profiles file, which
+    whose launches do not match is left unprofiled). Each chunk's CUDA is compiled first, by a pool outside ncu
+    (compiling under the profiler is slow and serial). Written to the batch's profiles file, which
     ``tunecore dataset import-batch`` puts into the rows; resumes where it stopped."""
     from tunecore.dataset import BATCH_MANIFEST, BATCH_PROFILES
+    from tunecore.measure.batch import batch_cubins
 
     tool = ncu_csv.check_tool()
     with open(os.path.join(directory, BATCH_MANIFEST)) as f:
@@ -266,34 +268,48 @@ def profile_batch(directory: str, *, limit: int | None = None, chunk: int = 200,
     profiles: dict[str, dict[str, float]] = json.load(open(path)) if os.path.exists(path) else {}
     todo = [i for i in programs if i not in profiles][:limit]
     counts = {"profiled": 0, "failed": 0, "unmatched": 0, "total": len(todo)}
-    for start in range(0, len(todo), chunk):
-        ids = todo[start:start + chunk]
-        ids_file = os.path.join(directory, "profile-ids.json")
-        with open(ids_file, "w") as f:
-            json.dump(ids, f)
-        command = [tool, *ncu_csv.COMMAND, sys.executable, "-m", "tunecore.measure.batch", directory,
-                   "--call-once", ids_file]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-        # ncu's own output, kept for a re-reading; named by the chunk's first program (a chunk of other programs has
-        # another name; only the same chunk profiled again, its launches unmatched before, replaces its file)
-        with open(os.path.join(directory, f"ncu-{ids[0]}.csv"), "w") as f:
-            f.write(done.stdout)
-        with open(os.path.join(directory, "calls.json")) as f:
-            calls = json.load(f)
-        try:
-            launches = ncu_csv.parse(done.stdout)
-        except ValueError:
-            launches = []
-        for program_id, metrics in match_launches(calls, programs, launches).items():
-            profiles[program_id] = metrics
-            counts["failed" if "ncu.failed" in metrics else "profiled"] += 1
-        counts["unmatched"] = counts["total"] - counts["profiled"] - counts["failed"]
-        with open(path + ".tmp", "w") as f:
-            json.dump(profiles, f)
-        os.replace(path + ".tmp", path)
-        if on_progress:
-            on_progress(Progress("profiling", min(start + chunk, len(todo)), len(todo), "", counts["failed"]))
-    return counts
+    started = time.perf_counter()
+    cubins = batch_cubins(directory) if todo else None
+    try:
+        for start in range(0, len(todo), chunk):
+            ids = todo[start:start + chunk]
+            if cubins is not None:
+                cubins.compile([os.path.join(directory, programs[i]["library"]) for i in ids],
+                               max(1, (os.cpu_count() or 2) - 1))
+            _profile_chunk(tool, directory, ids, programs, profiles, counts, timeout)
+            with open(path + ".tmp", "w") as f:
+                json.dump(profiles, f)
+            os.replace(path + ".tmp", path)
+            if on_progress:
+                on_progress(Progress("profiling", min(start + chunk, len(todo)), len(todo), "", counts["failed"]))
+    finally:
+        if cubins is not None:
+            cubins.close()
+    return dict(counts, seconds=round(time.perf_counter() - started, 1))
+
+
+def _profile_chunk(tool: str, directory: str, ids: list[str], programs: dict[str, dict],
+                   profiles: dict[str, dict[str, float]], counts: dict[str, int], timeout: float) -> None:
+    ids_file = os.path.join(directory, "profile-ids.json")
+    with open(ids_file, "w") as f:
+        json.dump(ids, f)
+    command = [tool, *ncu_csv.COMMAND, sys.executable, "-m", "tunecore.measure.batch", directory,
+               "--call-once", ids_file]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    # ncu's own output, kept for a re-reading; named by the chunk's first program (a chunk of other programs has
+    # another name; only the same chunk profiled again, its launches unmatched before, replaces its file)
+    with open(os.path.join(directory, f"ncu-{ids[0]}.csv"), "w") as f:
+        f.write(done.stdout)
+    with open(os.path.join(directory, "calls.json")) as f:
+        calls = json.load(f)
+    try:
+        launches = ncu_csv.parse(done.stdout)
+    except ValueError:
+        launches = []
+    for program_id, metrics in match_launches(calls, programs, launches).items():
+        profiles[program_id] = metrics
+        counts["failed" if "ncu.failed" in metrics else "profiled"] += 1
+    counts["unmatched"] = counts["total"] - counts["profiled"] - counts["failed"]
 
 
 def match_launches(calls: list[list], programs: dict[str, dict], launches: list) -> dict[str, dict[str, float]]:
