@@ -37,6 +37,7 @@ from tunecore.experiments import command_line, environment, write_results
 OPS = ("matmul-1024", "conv2d-resnet50-c2", "dense-bert")
 METHODS = {"ansor+xgb": ("ansor", "xgb"), "tlm": ("tlm", "none"), "random": ("random", "none")}
 TOP_K = 3
+LAUNCH_BOUND_S = 10e-6  # a GPU kernel shorter than this is timed mostly as its launch
 
 
 def gpu_line() -> dict:
@@ -230,6 +231,7 @@ def report(args) -> None:
         for key in ("ops", "during_runs", "networks", "networks_runtime_only"):
             merged[key] = previous.get(key, {}) or {}
         merged["previous"] = {"command": previous.get("command"), "gpu": previous.get("gpu")}
+        merged["gpu"] = previous.get("gpu", {})  # the same GPU kind: the runs of this report say so beside it
     for work in args.work_dirs:
         path = os.path.join(work, "ops.json")
         if os.path.exists(path):
@@ -273,6 +275,10 @@ def dataset_summary(path: str) -> dict:
     repeat = errors(first, second)
     if repeat:
         repeat["max_ape"] = float((np.abs(second - first) / first).max())
+        # a kernel of a few microseconds is mostly its launch, which differs between sessions' hosts
+        short = first < LAUNCH_BOUND_S
+        repeat["launch_bound"] = errors(first[short], second[short])
+        repeat["longer"] = errors(first[~short], second[~short])
     return {"path": os.path.relpath(path, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
             "second_labels": repeat, "build_overlap": sum(BUILD_OVERLAP in r.profile for r in dataset.rows),
             "rows": len(dataset.rows), "failed": sum(r.error is not None for r in dataset.rows),
@@ -330,7 +336,15 @@ def markdown(report: dict) -> str:
             r = d["second_labels"]
             lines += [f"Second labels (the same program timed again in another session): {r['programs']} programs, "
                       f"repeat MAPE {r['mape'] * 100:.2f}% (median {r['median_ape'] * 100:.2f}%, p90 "
-                      f"{r['p90_ape'] * 100:.2f}%, max {r['max_ape'] * 100:.2f}%).", ""]
+                      f"{r['p90_ape'] * 100:.2f}%, max {r['max_ape'] * 100:.2f}%)."]
+            for key, what in (("longer", f">= {LAUNCH_BOUND_S * 1e6:.0f} us"),
+                              ("launch_bound", f"< {LAUNCH_BOUND_S * 1e6:.0f} us (launch-bound)")):
+                if r.get(key):
+                    lines.append(f"- kernels {what}: {r[key]['programs']} programs, repeat MAPE "
+                                 f"{r[key]['mape'] * 100:.2f}% (median {r[key]['median_ape'] * 100:.2f}%, p90 "
+                                 f"{r[key]['p90_ape'] * 100:.2f}%), second/first median "
+                                 f"{r[key]['median_ratio']:.3f}")
+            lines.append("")
         lines += ["| task | programs |", "|---|---:|"]
         lines += [f"| {name} | {n} |" for name, n in d["programs_per_task"].items()]
     for model, data in report["networks"].items():
