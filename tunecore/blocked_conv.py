@@ -11,7 +11,9 @@ The sketches fix what makes the kernel fast and leave the rest to the search:
 
 - the B output channels of a block innermost, vectorized (one full vector);
 - a register tile of FC filter blocks x OW output pixels, unrolled, bounded by the register file (32 vector
-  registers with AVX-512, 16 with AVX2: FC x OW accumulators plus a filter vector and a broadcast);
+  registers with AVX-512, 16 with AVX2): FC x OW accumulators, a broadcast per pixel (the unrolled filter-block
+  loop reuses each) and a filter vector; tiles past that spill (on ResNet-18's 3x3 convs the 28-accumulator tiles
+  ran 1.3-3.1x the best one, bench/results/register_tiles-r18-3x3-spr.md);
   one sketch per (FC, OW) pair whose factors divide the output;
 - two loop orders: the whole reduction inside an output tile, accumulating in registers (``tile``), or the
   input-channel blocks outermost, accumulating into the output in memory as MLAS does (``channels-outer``);
@@ -98,10 +100,10 @@ def register_rule() -> None:
 
 def register_tiles(lanes: int, oc_chunks: int, out_w: int) -> list[tuple[int, int]]:
     """(FC, OW) register tiles: FC filter blocks x OW output pixels that divide the output and whose FC x OW
-    accumulators fit the vector registers with a filter vector and a broadcast to spare."""
-    accumulators = (32 if lanes >= 16 else 16) - 4
+    accumulators, OW broadcasts and a filter vector fit the vector registers."""
+    registers = 32 if lanes >= 16 else 16
     return [(fc, ow) for fc in _divisors(oc_chunks) if fc <= _MAX_FC for ow in _divisors(out_w)
-            if ow <= _MAX_OW and 4 <= fc * ow <= accumulators]
+            if ow <= _MAX_OW and fc * ow >= 4 and fc * ow + ow + 1 <= registers]
 
 
 def sketches(sch: Any, block: Any) -> list:
