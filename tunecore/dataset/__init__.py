@@ -12,6 +12,7 @@ from tunecore.dataset.split import device_of, filtered, split
 from tunecore.dataset.table import Dataset, Measurement, changing
 from tunecore.measure.batch import MANIFEST as BATCH_MANIFEST
 from tunecore.measure.batch import PROFILES as BATCH_PROFILES
+from tunecore.measure.batch import batch_cubins
 
-__all__ = ["BATCH_MANIFEST", "BATCH_PROFILES", "CollectPlan", "Dataset", "Measurement", "changing", "collect",
-           "device_of", "filtered", "held_out_metrics", "measured_groups", "remeasure", "split"]
+__all__ = ["BATCH_MANIFEST", "BATCH_PROFILES", "CollectPlan", "Dataset", "Measurement", "batch_cubins", "changing",
+           "collect", "device_of", "filtered", "held_out_metrics", "measured_groups", "remeasure", "split"]

@@ -399,10 +399,13 @@ class MeasurerConformance(_TargetComponentSuite):
             assert a.error is None and b.error is None, (a.error, b.error)
             latencies["small"].append(a.latency)
             latencies["large"].append(b.latency)
-        # A neighbour on a shared machine only ever adds time, and on CI's 2-core machines it did so for whole
-        # measurements (median pair ratios of 2.6-2.7): the fastest of each is the undisturbed one.
-        ratio = min(latencies["large"]) / min(latencies["small"])
-        assert 3.0 < ratio < 5.3, (ratio, latencies)
+        # A neighbour on a shared machine slowed whole measurements on CI's 2-core machines (median pair ratios of
+        # 2.6-2.7), so the fastest of each is the undisturbed one; but one measurement of the large matmul once
+        # read 3x below its four others (35 against 105-108 us, ratio of the fastest 1.3): either the fastest or
+        # the medians must scale, a measurer that does not scale fails both.
+        ratios = [min(latencies["large"]) / min(latencies["small"]),
+                  float(np.median(latencies["large"]) / np.median(latencies["small"]))]
+        assert any(3.0 < ratio < 5.3 for ratio in ratios), (ratios, latencies)
 
     def test_latency_agrees_with_time_evaluator(self, component: Any, task: Task) -> None:
         if not self.measures_this_host:

@@ -258,8 +258,7 @@ def profile_batch(directory: str, *, limit: int | None = None, chunk: int = 200,
     whose launches do not match is left unprofiled). Each chunk's CUDA is compiled first, by a pool outside ncu
     (compiling under the profiler is slow and serial). Written to the batch's profiles file, which
     ``tunecore dataset import-batch`` puts into the rows; resumes where it stopped."""
-    from tunecore.dataset import BATCH_MANIFEST, BATCH_PROFILES
-    from tunecore.measure.batch import batch_cubins
+    from tunecore.dataset import BATCH_MANIFEST, BATCH_PROFILES, batch_cubins
 
     tool = ncu_csv.check_tool()
     with open(os.path.join(directory, BATCH_MANIFEST)) as f:
