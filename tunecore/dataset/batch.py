@@ -125,15 +125,15 @@ def import_batch(directory: str, dataset_path: str) -> dict[str, Any]:
                 if new_metrics:  # profiled after its timing was imported
                     known.profile.update(new_metrics)
                     counts["profiles_added"] += 1
-                counts["second_labels"] += _second_label(dataset, row)
+                counts["second_labels"] += _second_label(known, row)
         dataset.save(dataset_path)
         return {**counts, "device_id": device_id}
 
 
-def _second_label(dataset: Any, row: Any) -> bool:
+def _second_label(known: Any, row: Any) -> bool:
+    """Give ``known`` (the dataset's row of ``row``'s program) ``row``'s clean timing as its second label."""
     from tunecore.dataset import protocol
 
-    known = dataset.row(row.task_key, row.program_key, row.device_id)
     if (known.run_secs == row.run_secs  # the same timings imported again: not a repeat
             or protocol.SECOND_LABEL in known.profile or not protocol.is_clean(row) or known.error):
         return False

@@ -121,12 +121,14 @@ class Cubins:
 
         return os.path.join(self.directory, f"{hashlib.sha256(code.encode()).hexdigest()}.{self.arch}.cubin")
 
-    def compile(self, libraries: list[str], workers: int) -> None:
-        """Compile the CUDA of ``libraries`` not compiled yet, ``workers`` at a time, and wait for them all (a
-        source that fails is compiled again when its library is loaded, where its error is the program's)."""
+    def compile(self, libraries: list[str], workers: int | None = None) -> None:
+        """Compile the CUDA of ``libraries`` not compiled yet, ``workers`` at a time (default: the cores less one),
+        and wait for them all (a source that fails is compiled again when its library is loaded, where its error is
+        the program's)."""
         import concurrent.futures
         import multiprocessing
 
+        workers = max(1, (os.cpu_count() or 2) - 1) if workers is None else workers
         if self.pool is None and workers > 1:
             self.pool = concurrent.futures.ProcessPoolExecutor(workers,
                                                                mp_context=multiprocessing.get_context("spawn"))
@@ -235,14 +237,13 @@ def run_batch(directory: str, *, repeat: int = 5, min_repeat_ms: float = 20.0, m
     done["device"] = describe_device(kind, device)
     references: dict[str, tuple[list, dict[int, Any]] | None] = {}
     todo = [p for p in manifest["programs"] if "library" in p and p["id"] not in done["results"]]
-    workers = max(1, (os.cpu_count() or 2) - 1) if compile_workers is None else compile_workers
     try:
         # compiling and timing take turns: a busy host slows the launches of short kernels (up to 1.7x on the
         # H100 when a pool compiled beside the timing), so nothing of the batch's own runs while it is timed
         for start in range(0, len(todo), CHUNK):
             chunk = todo[start:start + CHUNK]
             if cubins is not None:
-                cubins.compile([os.path.join(directory, p["library"]) for p in chunk], workers)
+                cubins.compile([os.path.join(directory, p["library"]) for p in chunk], compile_workers)
             load = ForeignLoad(children=False)
             stopped = _time_programs(directory, manifest, chunk, device, done, references, repeat, min_repeat_ms,
                                      max_spread, save_every, limit_s, started, log)
@@ -321,7 +322,7 @@ def _open_batch(directory: str) -> tuple[dict, str, Any, Cubins | None]:
 
 def batch_cubins(directory: str) -> Cubins | None:
     """The batch's cubins for this machine's GPU (None for a CPU batch or where its GPU is absent), to compile ahead
-    of a run that should not compile, e.g. one under a profiler: ``cubins.compile(libraries, workers)``, then
+    of a run that should not compile, e.g. one under a profiler: ``cubins.compile(libraries)``, then
     ``cubins.close()``."""
     return _open_batch(directory)[3]
 

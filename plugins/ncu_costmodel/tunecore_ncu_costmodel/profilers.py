@@ -273,8 +273,7 @@ def profile_batch(directory: str, *, limit: int | None = None, chunk: int = 200,
         for start in range(0, len(todo), chunk):
             ids = todo[start:start + chunk]
             if cubins is not None:
-                cubins.compile([os.path.join(directory, programs[i]["library"]) for i in ids],
-                               max(1, (os.cpu_count() or 2) - 1))
+                cubins.compile([os.path.join(directory, programs[i]["library"]) for i in ids])
             _profile_chunk(tool, directory, ids, programs, profiles, counts, timeout)
             with open(path + ".tmp", "w") as f:
                 json.dump(profiles, f)
