@@ -15,7 +15,7 @@ is the median over passes. Then, for tunecore's build, where the time goes per l
 
     .venv/bin/pip install -e ".[e2e]" transformers   # torch==2.13.0, onnxruntime; transformers: bert-base, convnext
     python bench/e2e.py [--models resnet-18,mobilenet-v2,bert-base,resnext,convnext] [--time-budget 30m]
-                        [--ms-time-budget 45m] [--trials N] [--layout nchwc]
+                        [--ms-time-budget 45m] [--trials N] [--layout nchwc] [--winograd]
 
 Resumable: the ONNX files, stores, MetaSchedule databases and tuning times are kept in --work; an
 interrupted tuning resumes with the time it has left. Writes bench/results/e2e.{json,md}.
@@ -80,10 +80,11 @@ def export_onnx(model: Any, example: Any, path: str) -> None:
 
 
 def tune(onnx_path: str, store: str, search: str, cost_model: str, trials: int | None, seconds: float | None,
-         done_path: str, layout: str, options: list[str]) -> dict:
+         done_path: str, layout: str, winograd: bool, options: list[str]) -> dict:
     key = f"{onnx_path} {search} {cost_model} {trials} {seconds}" + (f" {layout}" if layout != "nchw" else "") + (
-        "".join(f" {o}" for o in options))
-    extra = ["--layout", layout] + [arg for option in options for arg in ("-O", option)]
+        " winograd" if winograd else "") + "".join(f" {o}" for o in options)
+    extra = ["--layout", layout] + (["--winograd"] if winograd else []) + [
+        arg for option in options for arg in ("-O", option)]
     return experiments.cached_run(done_path, key,
                                   lambda: experiments.run_tunecore(onnx_path, trials, 0, search=search,
                                                                    cost_model=cost_model, store=f"sqlite:{store}",
@@ -100,7 +101,7 @@ def tune_metaschedule(onnx_path: str, work_dir: str, seconds: float, trials_per_
 
 
 def variants(name: str, model: Any, x: np.ndarray, onnx_path: str, store: str, ms_work_dir: str | None,
-             threads: int, layout: str, other_stores: dict[str, str]) -> dict[str, Callable]:
+             threads: int, layout: str, winograd: bool, other_stores: dict[str, str]) -> dict[str, Callable]:
     """name -> a function running one inference and returning the output as numpy (or raising);
     ``other_stores``: label -> another tunecore store of this network, built and timed beside."""
     import onnxruntime as ort
@@ -139,7 +140,7 @@ def variants(name: str, model: Any, x: np.ndarray, onnx_path: str, store: str, m
     out["onnxruntime"] = lambda: session.run(None, {"input": x})[0]
 
     target = resolve_target("llvm")
-    workload = load_workload(onnx_path, layout=layout)
+    workload = load_workload(onnx_path, layout=layout, winograd=winograd)
     tasks = functools.cache(lambda: extract_tasks(workload, target))  # inside a build: its failure is a result
     builds = {"tvm untuned": lambda: (build(workload, target, ms.database.MemoryDatabase()), None),
               "tvm tuned by tunecore": lambda: experiments.build_from_store(workload, tasks(), target, store)}
@@ -199,6 +200,9 @@ def main() -> None:
                         help="MetaSchedule's candidates per task per iteration (default: its own, 64); it commits a "
                              "task's results only when it comes back to the task, so short budgets need fewer")
     parser.add_argument("--layout", default="nchw", help="the layout both tuners tune and build the CNNs in")
+    parser.add_argument("--winograd", action="store_true",
+                        help="tunecore tunes Winograd kernels beside the direct ones for the CNNs' 3x3 stride-1 convs "
+                             "and keeps the faster (tunecore run --winograd); MetaSchedule tunes the direct ones")
     parser.add_argument("--tunecore-option", action="append", default=[], metavar="KEY=VALUE",
                         help="an -O option for tunecore's tuning, e.g. measurer.cpu_cache_flush=true (repeatable; "
                              "a tuning of its own)")
@@ -241,9 +245,10 @@ def main() -> None:
         onnx_path = os.path.join(args.work, f"{name}.onnx")
         export_onnx(model, torch.from_numpy(x), onnx_path)
         layout = args.layout if name != "bert-base" else "nchw"  # bert has no conv
+        winograd = args.winograd and name != "bert-base"
         label = f"{name}-{args.search}-{args.cost_model}-{args.time_budget:g}s" + (
             f"-{args.trials}" if args.trials else "") + (f"-{layout}" if layout != "nchw" else "") + (
-            "".join(f"-{o}" for o in args.tunecore_option))
+            "-winograd" if winograd else "") + "".join(f"-{o}" for o in args.tunecore_option)
         store = os.path.join(args.work, f"{label}.db")
         ms_work_dir = os.path.join(args.work, f"{name}-metaschedule-{ms_seconds:g}s" + (
             f"-{args.ms_trials_per_iter}" if args.ms_trials_per_iter != 64 else "") + (
@@ -251,23 +256,23 @@ def main() -> None:
         tuning = {}
         if "tunecore" in tuners:
             tuning["tunecore"] = tune(onnx_path, store, args.search, args.cost_model, args.trials, args.time_budget,
-                                      done_path, layout, args.tunecore_option)
+                                      done_path, layout, winograd, args.tunecore_option)
         if "metaschedule" in tuners:
             tuning["MetaSchedule"] = tune_metaschedule(onnx_path, ms_work_dir, ms_seconds,
                                                        args.ms_trials_per_iter, done_path, layout)
         functions = variants(name, model, x, onnx_path, store, ms_work_dir if "metaschedule" in tuners else None,
-                             threads, layout, other_stores)
+                             threads, layout, winograd, other_stores)
         with torch.inference_mode():
             reference = model(torch.from_numpy(x)).numpy()
         print(f"timing {name} ...", file=sys.stderr, flush=True)
         networks[name] = {"tuning": tuning, "variants": check_and_time(functions, reference, args.passes)}
         del functions
         if "tunecore" in tuners:
-            networks[name]["gap"] = e2e_gap.analyse(onnx_path, store, runs=10, layout=layout)
+            networks[name]["gap"] = e2e_gap.analyse(onnx_path, store, runs=10, layout=layout, winograd=winograd)
 
     report = {"benchmark": "e2e", "search": args.search, "cost_model": args.cost_model, "trials": args.trials,
               "time_budget_s": args.time_budget, "ms_time_budget_s": ms_seconds,
-              "ms_trials_per_iter": args.ms_trials_per_iter, "layout": args.layout,
+              "ms_trials_per_iter": args.ms_trials_per_iter, "layout": args.layout, "winograd": args.winograd,
               "tunecore_options": args.tunecore_option, "compare_stores": other_stores,
               "threads": threads, "passes": args.passes, "networks": networks, "environment": environment(),
               "versions": _versions(), "command": command_line("e2e.py")}
@@ -309,6 +314,8 @@ def markdown(report: dict) -> str:
              + "".join(f" `-O {o}`" for o in report.get("tunecore_options", []))
              + (f", the CNNs' convs in layout `{report['layout']}` for both tuners"
                 if report.get("layout", "nchw") != "nchw" else "")
+             + (", tunecore with Winograd kernels beside the direct ones for their 3x3 stride-1 convs (`--winograd`: "
+                "the faster kept per conv)" if report.get("winograd") else "")
              + f"; MetaSchedule's `tune_relax` (evolutionary, xgb, {report.get('ms_trials_per_iter', 64)} per "
              "iteration, builder timeout "
              f"{experiments.BUILDER_TIMEOUT_S} s) on the same tasks, stopped at "

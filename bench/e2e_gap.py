@@ -180,21 +180,23 @@ def _group() -> dict:
     return {"tvm_kernels": [], "ort_nodes": [], "in_model_ms": 0.0, "alone_ms": 0.0, "calls": 0, "ort_ms": 0.0}
 
 
-def analyse(onnx_path: str, store_file: str, runs: int, layout: str = "nchw", passes: int = 3) -> dict:
+def analyse(onnx_path: str, store_file: str, runs: int, layout: str = "nchw", passes: int = 3,
+            winograd: bool = False) -> dict:
     import tvm
 
     from tunecore.check import max_relative_error
-    from tunecore.compile import Runnable, best_database, build, random_inputs
+    from tunecore.compile import Runnable, best_database, build, choose_winograd, random_inputs
     from tunecore.store.sqlite import SqliteStore
     from tunecore.targets import resolve_target, use_target_threads
     from tunecore.workloads import extract_tasks, load_workload
 
     target = resolve_target("llvm")
     threads = use_target_threads(target)
-    workload = load_workload(onnx_path, layout=layout)
+    workload = load_workload(onnx_path, layout=layout, winograd=winograd)
     tasks = extract_tasks(workload, target)
     store = SqliteStore(store_file)
     try:
+        choose_winograd(workload, store, tasks)
         database, covered = best_database(store, tasks, target)
         counts = store.counts([t.task_id for t in tasks])
         trials = {t.name: counts.get(t.task_id, 0) for t in tasks}
@@ -252,6 +254,7 @@ def analyse(onnx_path: str, store_file: str, runs: int, layout: str = "nchw", pa
         "ort_latency_ms": ort_whole_ms, "ort_nodes_ms": sum(r["ms"] for r in ort_rows),
         "kernels": sorted(tvm_rows, key=lambda r: -r["in_model_ms"]),
         "vm_builtins": others, "ort_nodes": ort_rows, "layers": match(tvm_rows, ort_rows),
+        "winograd_convs": sorted(workload.winograd_convs),
     }
 
 
@@ -266,7 +269,9 @@ def summary_lines(r: dict) -> list[str]:
             f"| onnxruntime, whole run (profiling on) | {r['ort_latency_ms']:.2f} |",
             f"| onnxruntime, sum of its nodes | {r['ort_nodes_ms']:.2f} |", "",
             f"Tuned vs untuned outputs: max relative error {r['outputs_match_untuned']:.1g}; "
-            f"{r['tasks_tuned']} of {r['tasks']} tasks tuned.", ""]
+            f"{r['tasks_tuned']} of {r['tasks']} tasks tuned."
+            + (f" Convs by Winograd (input, output): {', '.join(r['winograd_convs'])}." if r.get("winograd_convs")
+               else ""), ""]
 
 
 def layer_lines(r: dict, limit: int | None = None) -> list[str]:
@@ -310,6 +315,7 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=3)
     parser.add_argument("--layout", default="nchw", choices=LAYOUTS,
                         help="the layout the store was tuned in (tunecore run --layout)")
+    parser.add_argument("--winograd", action="store_true", help="the store was tuned with --winograd")
     args = parser.parse_args()
     if args.passes < 1 or args.runs < 1:
         parser.error(f"--passes {args.passes} --runs {args.runs}: both at least 1")
@@ -317,7 +323,7 @@ def main() -> None:
     for path, what in ((onnx_path, "--onnx"), (args.store, "--store")):
         if not os.path.exists(path):
             parser.error(f"{what} {path}: no such file")
-    result = analyse(onnx_path, args.store, args.runs, args.layout, args.passes)
+    result = analyse(onnx_path, args.store, args.runs, args.layout, args.passes, args.winograd)
     report = {"benchmark": "e2e_gap", "model": args.model, "result": result, "environment": environment(),
               "command": command_line("e2e_gap.py")}
     name = re.sub(r"[^a-z0-9-]", "", args.model.lower())

@@ -157,21 +157,24 @@ def test_auto_probes_every_layout_keeps_the_fastest_build_and_compile_follows_it
                                    "--store", "memory:"), "single operator")
 
 
-def test_winograd_kernels_are_tuned_beside_direct_ones_and_kept_only_where_they_measured_faster(cnn, tmp_path):
+@pytest.mark.parametrize("layout", ["nchw", "nchwc"])
+def test_winograd_kernels_are_tuned_beside_direct_ones_and_kept_only_where_they_measured_faster(cnn, tmp_path,
+                                                                                                layout):
+    """In the blocked layout too: there the Winograd kernel reads and writes blocked activations."""
     from tunecore.store.sqlite import SqliteStore
     from tunecore.targets import host_target
     from tunecore.winograd import choose, task_signature
     from tunecore.workloads import extract_tasks, load_workload
 
-    names = _task_names(cnn, "nchw", "--winograd")
+    names = _task_names(cnn, layout, "--winograd")
     # the stem and the 16 -> 32 conv are 3x3 stride 1: each has a Winograd kernel beside its direct one
-    assert sum("winograd" in name for name in names) == 2 and len(names) == len(_task_names(cnn, "nchw")) + 2
+    assert sum("winograd" in name for name in names) == 2 and len(names) == len(_task_names(cnn, layout)) + 2
     store = str(tmp_path / "s.db")
-    cli_json(run_cli("run", "--model", cnn, "--winograd", "--trials", "48", "--search", "random", "--store", store,
-                     "--json"))
-    report = cli_json(run_cli("compile", "--model", cnn, "--store", store, "--json"))  # --winograd, as tuned
-    assert report["outputs_match"] and report["reference_relative_error"] < 1e-4
-    tasks = extract_tasks(load_workload(cnn, winograd=True), host_target())
+    cli_json(run_cli("run", "--model", cnn, "--layout", layout, "--winograd", "--trials", "48", "--search", "random",
+                     "--store", store, "--json"))
+    report = cli_json(run_cli("compile", "--model", cnn, "--store", store, "--json"))  # as tuned
+    assert report["outputs_match"] and report["reference_relative_error"] < 1e-4 and report["layout"] == layout
+    tasks = extract_tasks(load_workload(cnn, layout=layout, winograd=True), host_target())
     opened = SqliteStore(store)
     try:
         latency = {t.task_id: opened.best(t.task_id, k=1)[0].latency for t in tasks if opened.best(t.task_id, k=1)}
@@ -188,3 +191,23 @@ def test_winograd_kernels_are_tuned_beside_direct_ones_and_kept_only_where_they_
         faster = side[True] is not None and (side[False] is None or side[True] < side[False])
         assert (signature in report["winograd_convs"]) == faster
     assert_one_line_exit_2(run_cli("tasks", "--model", "op:matmul-64", "--winograd"), "--winograd", "single operator")
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nchwc"])
+def test_a_network_built_with_every_conv_winograd_can_compute_computes_what_the_model_does(cnn, layout):
+    """Whichever convs measure faster by Winograd, its build computes the model: here every one it can (the stem's
+    3 -> 16 conv, blocked by 3 in nchwc, and the 16 -> 32), untuned, against the plain untuned build."""
+    import numpy as np
+    from tvm.s_tir import meta_schedule as ms
+
+    from tunecore.compile import Runnable, build, random_inputs
+    from tunecore.winograd import ALL
+    from tunecore.workloads import load_workload
+
+    target = host_target()
+    plain, winograd = load_workload(cnn), load_workload(cnn, layout=layout, winograd=True)
+    winograd.winograd_convs = frozenset({ALL})
+    inputs = random_inputs(plain)
+    expected, got = (Runnable(build(w, target, ms.database.MemoryDatabase()), w, target, inputs).outputs()[0]
+                     for w in (plain, winograd))
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)

@@ -49,6 +49,15 @@ def best_database(store: RecordStore, tasks: list, target: Any,
     return db, covered
 
 
+def choose_winograd(workload: Workload, store: RecordStore, tasks: list) -> None:
+    """A workload tuned with Winograd candidates (``--winograd``) is built with Winograd for the convs whose
+    Winograd kernels measured faster (tunecore.winograd.choose), direct for the others."""
+    if workload.winograd:
+        from tunecore.winograd import choose
+
+        workload.winograd_convs = choose(store, tasks)
+
+
 def build(workload: Workload, target: Any, database: Any) -> Any:
     """An executable of the workload with the database's schedules (an empty database: untuned).
 
@@ -263,10 +272,7 @@ def compile_and_check(workload: Workload, target: Any, store: RecordStore, *, ou
 
     threads = use_target_threads(target)
     tasks = extract_tasks(workload, target)
-    if workload.winograd:  # Winograd for the convs whose Winograd kernels measured faster
-        from tunecore.winograd import choose
-
-        workload.winograd_convs = choose(store, tasks)
+    choose_winograd(workload, store, tasks)
     database, covered = best_database(store, tasks, target)
     inputs = random_inputs(workload)
     started = time.time()

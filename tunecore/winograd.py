@@ -1,10 +1,13 @@
 """Winograd F(4x4, 3x3) for a network's 3x3 stride-1 convs, as a candidate beside the direct conv (``--winograd``).
 
-With ``--winograd`` a network's tasks include, for each such conv (NCHW, one group), both its direct kernel and
+With ``--winograd`` a network's tasks include, for each such conv (one group), both its direct kernel and
 its Winograd kernel (TVM's compute, whose data-pack and inverse blocks have CPU schedule rules of their own);
 the search tunes both. ``tunecore compile`` then keeps Winograd for a conv only where its tuned kernels are
 faster than the direct ones (the best records' latencies, which passed the output checks when measured), and
 builds the rest direct. The filter transform is a computation on the weights alone, run once at compile time.
+In the blocked layout (``--layout nchwc``) the Winograd kernel reads and writes blocked activations itself (the
+unblocking and the blocking are injective stages of the one kernel), so a conv computed by Winograd needs no
+layout transforms around it among blocked convs.
 
 A conv is named by its ``signature`` (input and output shapes and the filter count), which both of its kernels'
 arguments show: convs of one signature take one decision.
@@ -13,6 +16,7 @@ arguments show: convs of one signature take one decision.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 TILE = 4  # F(4x4, 3x3): 6x6 input tiles
@@ -21,18 +25,34 @@ ALL = "*"  # in a set of signatures: every conv Winograd can compute
 
 
 def eligible(call: Any) -> bool:
-    """A relax conv2d Winograd can compute: NCHW/OIHW, one group, 3x3, stride 1, dilation 1."""
+    """A relax conv2d Winograd can compute: NCHW/OIHW/NCHW or blocked (NCHW{B}c/OIHW{B'}o/NCHW{B'}c), one group,
+    3x3, stride 1, dilation 1."""
     attrs = call.attrs
-    weight = call.args[1].ty
-    return (str(attrs.data_layout) == "NCHW" and str(attrs.kernel_layout) == "OIHW"
-            and str(attrs.out_layout) == "NCHW" and int(attrs.groups) == 1
-            and [int(x) for x in attrs.strides] == [1, 1] and [int(x) for x in attrs.dilation] == [1, 1]
-            and [int(weight.shape[i]) for i in (2, 3)] == [3, 3])
+    weight = [int(x) for x in call.args[1].ty.shape]
+    blocks = _block(str(attrs.data_layout)), _block(str(attrs.out_layout))
+    plain = blocks == (1, 1) and str(attrs.kernel_layout) == "OIHW"
+    blocked = 1 not in blocks and None not in blocks and str(attrs.kernel_layout) == f"OIHW{blocks[1]}o"
+    return ((plain or blocked) and int(attrs.groups) == 1 and weight[2:4] == [3, 3]
+            and [int(x) for x in attrs.strides] == [1, 1] and [int(x) for x in attrs.dilation] == [1, 1])
+
+
+def _block(layout: str) -> int | None:
+    """The channel block of an activation layout: 1 for NCHW, B for NCHW{B}c, None for any other."""
+    if layout == "NCHW":
+        return 1
+    match = re.fullmatch(r"NCHW(\d+)c", layout)
+    return int(match.group(1)) if match else None
+
+
+def _plain(shape: Any) -> list[int]:
+    """An activation's shape in NCHW: (N, C / B, H, W, B) is (N, C, H, W)."""
+    shape = [int(x) for x in shape]
+    return [shape[0], shape[1] * shape[4], *shape[2:4]] if len(shape) == 5 else shape
 
 
 def signature(data_shape: Any, out_shape: Any) -> str:
-    """What names a conv for the decision: its input and output shapes."""
-    return json.dumps([[int(x) for x in data_shape], [int(x) for x in out_shape]])
+    """What names a conv for the decision: its input and output shapes, in NCHW whatever its layout."""
+    return json.dumps([_plain(data_shape), _plain(out_shape)])
 
 
 def call_signature(call: Any) -> str:
@@ -41,45 +61,68 @@ def call_signature(call: Any) -> str:
 
 def task_signature(task: Any) -> tuple[str, bool] | None:
     """(the signature of the 3x3 conv in a task, whether the task computes it by Winograd); None for a task with
-    no such conv. Read from the task's arguments: the filter (CO, CI, 3, 3) of a direct conv, or the transformed
-    filter (6, 6, CI, CO) of a Winograd one, the input (N, CI, H, W) and the output, the last argument."""
-    shapes = [list(arg[2]) for arg in task.args]
+    no such conv. Read from the task's arguments: the filter (CO, CI, 3, 3) of a direct conv, (CO / B', CI / B, 3,
+    3, B, B') of a blocked one, or the transformed filter (6, 6, CI, CO) of a Winograd one, the input (N, CI, H, W)
+    or (N, CI / B, H, W, B) and the output, the last argument."""
+    shapes = [[int(x) for x in arg[2]] for arg in task.args]
     if len(shapes) < 3:
         return None
-    out = shapes[-1]
+    out = _plain(shapes[-1])
     for shape in shapes[:-1]:
-        if len(shape) != 4:
-            continue
-        if shape[2:] == [3, 3]:
+        if len(shape) == 4 and shape[2:] == [3, 3]:
             channels, winograd = shape[1], False
-        elif shape[:2] == [ALPHA, ALPHA]:
+        elif len(shape) == 6 and shape[2:4] == [3, 3]:
+            channels, winograd = shape[1] * shape[4], False
+        elif len(shape) == 4 and shape[:2] == [ALPHA, ALPHA]:
             channels, winograd = shape[2], True
         else:
             continue
-        data = next((s for s in shapes[:-1] if len(s) == 4 and s is not shape and s[1] == channels
-                     and s[0] == out[0] and s[2:] == out[2:]), None)
+        data = next((_plain(s) for s in shapes[:-1] if len(s) in (4, 5) and s is not shape
+                     and _plain(s)[1] == channels and s[0] == out[0] and _plain(s)[2:] == out[2:]), None)
         if data is not None and len(out) == 4:
             return signature(data, out), winograd
     return None
 
 
 def filter_transform(kernel: Any) -> Any:
-    """The filter (CO, CI, 3, 3) as Winograd's (6, 6, CI, CO), the layout TVM's Winograd compute reads.
-    (TOPI's own transform gives (6, 6, CO, CI) and fails on this TVM's dtype objects.)"""
+    """The filter (CO, CI, 3, 3), or blocked (CO / B, CI, 3, 3, B), as Winograd's (6, 6, CI, CO), the layout TVM's
+    Winograd compute reads. (TOPI's own transform gives (6, 6, CO, CI) and fails on this TVM's dtype objects.)"""
     from tvm import te
     from tvm.topi.nn.winograd_util import winograd_transform_matrices
 
-    out_channels, in_channels, size, _ = (int(x) for x in kernel.shape)
+    shape = [int(x) for x in kernel.shape]
+    block = shape[4] if len(shape) == 5 else 1
+    out_channels, in_channels, size = shape[0] * block, shape[1], shape[2]
     _, _, g = winograd_transform_matrices(TILE, size, str(kernel.dtype))
     kh = te.reduce_axis((0, size), name="r_kh")
     kw = te.reduce_axis((0, size), name="r_kw")
+
+    def weight(co: Any, ci: Any) -> Any:
+        return kernel[co // block, ci, kh, kw, co % block] if len(shape) == 5 else kernel[co, ci, kh, kw]
+
     return te.compute((ALPHA, ALPHA, in_channels, out_channels),
-                      lambda eps, nu, ci, co: te.sum(kernel[co, ci, kh, kw] * g[eps, kh] * g[nu, kw], axis=[kh, kw]),
+                      lambda eps, nu, ci, co: te.sum(weight(co, ci) * g[eps, kh] * g[nu, kw], axis=[kh, kw]),
                       name="transform_weight")
 
 
+def _blocked_conv(data: Any, packed: Any, strides: Any, padding: Any, dilation: Any, out_dtype: str,
+                  out_block: int) -> Any:
+    """TVM's Winograd conv on blocked activations: the input unblocked and the output blocked by ``out_block`` as
+    injective stages of the one kernel, which the schedule inlines into the data pack and the output."""
+    from tvm import te, topi
+
+    n, chunks, height, width, block = (int(x) for x in data.shape)
+    plain = te.compute((n, chunks * block, height, width), lambda b, c, y, x: data[b, c // block, y, x, c % block],
+                       name="data_unblocked")
+    out = topi.nn.conv2d_winograd_nchw_without_weight_transform(plain, packed, strides, padding, dilation, out_dtype)
+    n, channels, height, width = (int(x) for x in out.shape)
+    return te.compute((n, channels // out_block, height, width, out_block),
+                      lambda b, c, y, x, cb: out[b, c * out_block + cb, y, x], name="conv2d_winograd_blocked")
+
+
 def legalize(bb: Any, call: Any) -> Any:
-    """A conv2d computed by Winograd: the filter transform (a weight-only computation) and TVM's Winograd conv."""
+    """A conv2d computed by Winograd: the filter transform (a weight-only computation) and TVM's Winograd conv,
+    on blocked activations where the conv is blocked."""
     from tvm import topi
 
     from tunecore.blocked_conv import conv_out_dtype
@@ -88,8 +131,12 @@ def legalize(bb: Any, call: Any) -> Any:
     data, weight = call.args
     out_dtype = conv_out_dtype(call)
     packed = bb.emit_te(filter_transform, weight)
-    return bb.call_te(topi.nn.conv2d_winograd_nchw_without_weight_transform, data, packed, attrs.strides,
-                      attrs.padding, attrs.dilation, out_dtype, primfunc_name_hint="conv2d_winograd")
+    out_block = _block(str(attrs.out_layout))
+    if out_block == 1:
+        return bb.call_te(topi.nn.conv2d_winograd_nchw_without_weight_transform, data, packed, attrs.strides,
+                          attrs.padding, attrs.dilation, out_dtype, primfunc_name_hint="conv2d_winograd")
+    return bb.call_te(_blocked_conv, data, packed, attrs.strides, attrs.padding, attrs.dilation, out_dtype,
+                      out_block, primfunc_name_hint="conv2d_winograd")
 
 
 def choose(store: Any, tasks: list) -> frozenset[str]:

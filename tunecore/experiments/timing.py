@@ -10,11 +10,12 @@ from typing import Any, Callable, Sequence
 def build_from_store(workload, tasks: list, target, store_file: str) -> tuple[Any, int]:
     """The workload built with the best records of a SQLite store, as `tunecore compile` builds it;
     (executable, tasks covered)."""
-    from tunecore.compile import best_database, build
+    from tunecore.compile import best_database, build, choose_winograd
     from tunecore.store.sqlite import SqliteStore
 
     store = SqliteStore(store_file)
     try:
+        choose_winograd(workload, store, tasks)
         database, covered = best_database(store, tasks, target)
     finally:
         store.close()
