@@ -9,10 +9,14 @@ from typing import Any, Callable, Sequence
 
 def build_from_store(workload, tasks: list, target, store_file: str) -> tuple[Any, int]:
     """The workload built with the best records of a SQLite store, as `tunecore compile` builds it;
-    (executable, tasks covered)."""
+    (executable, tasks covered). The Winograd convs chosen from this store's records are this build's alone:
+    ``workload`` is left as it was, for the builds of other stores."""
+    import copy
+
     from tunecore.compile import best_database, build, choose_winograd
     from tunecore.store.sqlite import SqliteStore
 
+    workload = copy.copy(workload)
     store = SqliteStore(store_file)
     try:
         choose_winograd(workload, store, tasks)
