@@ -211,3 +211,47 @@ def test_a_network_built_with_every_conv_winograd_can_compute_computes_what_the_
     expected, got = (Runnable(build(w, target, ms.database.MemoryDatabase()), w, target, inputs).outputs()[0]
                      for w in (plain, winograd))
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def _stage(tensor, name):
+    """The stage called ``name`` among those ``tensor`` is computed from."""
+    if tensor.op.name == name:
+        return tensor
+    return next((found for t in tensor.op.input_tensors if (found := _stage(t, name)) is not None), None)
+
+
+@pytest.mark.parametrize("block", [1, 16])
+def test_a_winograd_conv_whose_output_is_no_multiple_of_its_tile_computes_the_conv(block):
+    """ResNet's 14x14 and 7x7 convs: the last 6x6 input tiles reach past the input and its padding of 1, and the
+    padded input must cover them (TOPI's stops at the padding: it read two rows and columns past its buffer)."""
+    import numpy as np
+    import tvm
+    from tvm import te
+
+    from tunecore.winograd import ALPHA, TILE, conv2d, filter_transform
+
+    channels, size = 32, 14
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, (1, channels, size, size)).astype("float32")
+    w = rng.uniform(-0.1, 0.1, (channels, channels, 3, 3)).astype("float32")
+    kernel = te.placeholder(w.shape, name="kernel")
+    transform = filter_transform(kernel)
+    packed_value = tvm.runtime.tensor(np.zeros([int(d) for d in transform.shape], "float32"))
+    tvm.tirx.build(te.create_prim_func([kernel, transform]), target="llvm")(tvm.runtime.tensor(w), packed_value)
+
+    def blocked(a):
+        return a.reshape(1, channels // block, block, size, size).transpose(0, 1, 3, 4, 2) if block > 1 else a
+
+    data = te.placeholder(blocked(x).shape, name="data")
+    packed = te.placeholder(transform.shape, name="packed")
+    out = conv2d(data, packed, (1, 1, 1, 1), "float32", block)
+    data_pad, input_tile = _stage(out, "data_pad"), _stage(out, "input_tile")
+    tiles = (size + TILE - 1) // TILE
+    assert [int(d) for d in data_pad.shape[2:]] == [(tiles - 1) * TILE + ALPHA] * 2 and input_tile is not None
+    got = tvm.runtime.tensor(np.zeros([int(d) for d in out.shape], "float32"))
+    tvm.tirx.build(te.create_prim_func([data, packed, out]), target="llvm")(
+        tvm.runtime.tensor(np.ascontiguousarray(blocked(x))), packed_value, got)
+    padded = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    expected = sum(np.einsum("oc,nchw->nohw", w[:, :, i, j], padded[:, :, i:i + size, j:j + size])
+                   for i in range(3) for j in range(3))
+    np.testing.assert_allclose(got.numpy(), blocked(expected), rtol=1e-4, atol=1e-4)

@@ -1,13 +1,12 @@
 """Winograd F(4x4, 3x3) for a network's 3x3 stride-1 convs, as a candidate beside the direct conv (``--winograd``).
 
 With ``--winograd`` a network's tasks include, for each such conv (one group), both its direct kernel and
-its Winograd kernel (TVM's compute, whose data-pack and inverse blocks have CPU schedule rules of their own);
+its Winograd kernel (TOPI's stages, whose data-pack and inverse blocks have CPU schedule rules in TVM);
 the search tunes both. ``tunecore compile`` then keeps Winograd for a conv only where its tuned kernels are
 faster than the direct ones (the best records' latencies, which passed the output checks when measured), and
 builds the rest direct. The filter transform is a computation on the weights alone, run once at compile time.
-In the blocked layout (``--layout nchwc``) the Winograd kernel reads and writes blocked activations itself (the
-unblocking and the blocking are injective stages of the one kernel), so a conv computed by Winograd needs no
-layout transforms around it among blocked convs.
+In the blocked layout (``--layout nchwc``) the Winograd kernel reads and writes blocked activations itself, so a
+conv computed by Winograd needs no layout transforms around it among blocked convs.
 
 A conv is named by its ``signature`` (input and output shapes and the filter count), which both of its kernels'
 arguments show: convs of one signature take one decision.
@@ -105,38 +104,75 @@ def filter_transform(kernel: Any) -> Any:
                       name="transform_weight")
 
 
-def _blocked_conv(data: Any, packed: Any, strides: Any, padding: Any, dilation: Any, out_dtype: str,
-                  out_block: int) -> Any:
-    """TVM's Winograd conv on blocked activations: the input unblocked and the output blocked by ``out_block`` as
-    injective stages of the one kernel, which the schedule inlines into the data pack and the output."""
-    from tvm import te, topi
+def conv2d(data: Any, packed: Any, padding: Any, out_dtype: str, out_block: int) -> Any:
+    """TE compute of an F(4x4, 3x3) conv, stride 1, of plain (N, C, H, W) or blocked (N, C / B, H, W, B) data with
+    the transformed filter ``packed`` (6, 6, CI, CO); the output plain (``out_block`` 1) or blocked by
+    ``out_block``. TOPI's stages under TOPI's names, so that TVM's Winograd schedule rules take them, with two
+    differences: the padded input reads the blocked data itself (no stage unblocking it), and it covers every
+    input tile; TOPI's pads by the conv's padding only, and where the output is not a multiple of 4 (ResNet's
+    14x14 and 7x7) its last tiles read two rows and columns past the buffer (its measured programs then came out
+    wrong by 1-2% once the padded input was a stage of its own)."""
+    from tvm import te, tirx
+    from tvm.topi.nn.winograd_util import winograd_transform_matrices
 
-    n, chunks, height, width, block = (int(x) for x in data.shape)
-    plain = te.compute((n, chunks * block, height, width), lambda b, c, y, x: data[b, c // block, y, x, c % block],
-                       name="data_unblocked")
-    out = topi.nn.conv2d_winograd_nchw_without_weight_transform(plain, packed, strides, padding, dilation, out_dtype)
-    n, channels, height, width = (int(x) for x in out.shape)
-    return te.compute((n, channels // out_block, height, width, out_block),
-                      lambda b, c, y, x, cb: out[b, c * out_block + cb, y, x], name="conv2d_winograd_blocked")
+    shape = [int(x) for x in data.shape]
+    block = shape[4] if len(shape) == 5 else 1
+    n, channels, height, width = shape[0], shape[1] * block, shape[2], shape[3]
+    top, left, bottom, right = (int(x) for x in padding)
+    out_h, out_w = height + top + bottom - 2, width + left + right - 2
+    tiles_h, tiles_w = (out_h + TILE - 1) // TILE, (out_w + TILE - 1) // TILE
+    tiles = n * tiles_h * tiles_w
+    out_channels = int(packed.shape[3])
+    a, b, _ = winograd_transform_matrices(TILE, 3, out_dtype)
+
+    def value(i: Any, c: Any, y: Any, x: Any) -> Any:
+        inside = tirx.all(y >= 0, y < height, x >= 0, x < width)
+        y, x = tirx.max(tirx.min(y, height - 1), 0), tirx.max(tirx.min(x, width - 1), 0)  # a read in bounds
+        read = data[i, c // block, y, x, c % block] if len(shape) == 5 else data[i, c, y, x]
+        return tirx.if_then_else(inside, read, tirx.const(0, data.dtype))
+
+    data_pad = te.compute((n, channels, tiles_h * TILE + 2, tiles_w * TILE + 2),
+                          lambda i, c, y, x: value(i, c, y - top, x - left), name="data_pad")
+    input_tile = te.compute(
+        (channels, tiles, ALPHA, ALPHA),
+        lambda c, p, eps, nu: data_pad[p // (tiles_h * tiles_w), c, (p // tiles_w) % tiles_h * TILE + eps,
+                                       p % tiles_w * TILE + nu],
+        name="input_tile", attrs={"schedule_rule": "None"})
+    r_a, r_b = te.reduce_axis((0, ALPHA), "r_a"), te.reduce_axis((0, ALPHA), "r_b")
+    data_pack = te.compute(
+        (ALPHA, ALPHA, channels, tiles),
+        lambda eps, nu, c, p: te.sum(input_tile[c, p, r_a, r_b] * b[r_a, eps] * b[r_b, nu], axis=[r_a, r_b]),
+        name="data_pack", attrs={"schedule_rule": "conv2d_nchw_winograd_data_pack"})
+    ci = te.reduce_axis((0, channels), name="ci")
+    bgemm = te.compute(
+        (ALPHA, ALPHA, out_channels, tiles),
+        lambda eps, nu, co, p: te.sum(data_pack[eps, nu, ci, p] * packed[eps, nu, ci, co], axis=[ci]),
+        name="bgemm", attrs={"layout_free_placeholders": [packed]})
+    r_a, r_b = te.reduce_axis((0, ALPHA), "r_a"), te.reduce_axis((0, ALPHA), "r_b")
+    inverse = te.compute(
+        (out_channels, tiles, TILE, TILE),
+        lambda co, p, vh, vw: te.sum(bgemm[r_a, r_b, co, p] * a[r_a, vh] * a[r_b, vw], axis=[r_a, r_b]),
+        name="inverse", attrs={"schedule_rule": "conv2d_nchw_winograd_inverse"})
+
+    def out(i: Any, co: Any, y: Any, x: Any) -> Any:
+        return inverse[co, i * tiles_h * tiles_w + y // TILE * tiles_w + x // TILE, y % TILE, x % TILE]
+
+    if out_block == 1:
+        return te.compute((n, out_channels, out_h, out_w), out, name="conv2d_winograd")
+    return te.compute((n, out_channels // out_block, out_h, out_w, out_block),
+                      lambda i, c, y, x, cb: out(i, c * out_block + cb, y, x), name="conv2d_winograd")
 
 
 def legalize(bb: Any, call: Any) -> Any:
-    """A conv2d computed by Winograd: the filter transform (a weight-only computation) and TVM's Winograd conv,
-    on blocked activations where the conv is blocked."""
-    from tvm import topi
-
+    """A conv2d computed by Winograd: the filter transform (a weight-only computation) and the Winograd conv, on
+    blocked activations where the conv is blocked."""
     from tunecore.blocked_conv import conv_out_dtype
 
     attrs = call.attrs
     data, weight = call.args
-    out_dtype = conv_out_dtype(call)
     packed = bb.emit_te(filter_transform, weight)
-    out_block = _block(str(attrs.out_layout))
-    if out_block == 1:
-        return bb.call_te(topi.nn.conv2d_winograd_nchw_without_weight_transform, data, packed, attrs.strides,
-                          attrs.padding, attrs.dilation, out_dtype, primfunc_name_hint="conv2d_winograd")
-    return bb.call_te(_blocked_conv, data, packed, attrs.strides, attrs.padding, attrs.dilation, out_dtype,
-                      out_block, primfunc_name_hint="conv2d_winograd")
+    return bb.call_te(conv2d, data, packed, attrs.padding, conv_out_dtype(call), _block(str(attrs.out_layout)),
+                      primfunc_name_hint="conv2d_winograd")
 
 
 def choose(store: Any, tasks: list) -> frozenset[str]:
