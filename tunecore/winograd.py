@@ -84,8 +84,8 @@ def task_signature(task: Any) -> tuple[str, bool] | None:
 
 
 def filter_transform(kernel: Any) -> Any:
-    """The filter (CO, CI, 3, 3), or blocked (CO / B, CI, 3, 3, B), as Winograd's (6, 6, CI, CO), the layout TVM's
-    Winograd compute reads. (TOPI's own transform gives (6, 6, CO, CI) and fails on this TVM's dtype objects.)"""
+    """The filter (CO, CI, 3, 3), or blocked (CO / B, CI, 3, 3, B), as Winograd's (6, 6, CI, CO), the layout
+    ``conv2d`` reads. (TOPI's own transform gives (6, 6, CO, CI) and fails on this TVM's dtype objects.)"""
     from tvm import te
     from tvm.topi.nn.winograd_util import winograd_transform_matrices
 
@@ -110,8 +110,8 @@ def conv2d(data: Any, packed: Any, padding: Any, out_dtype: str, out_block: int)
     ``out_block``. TOPI's stages under TOPI's names, so that TVM's Winograd schedule rules take them, with two
     differences: the padded input reads the blocked data itself (no stage unblocking it), and it covers every
     input tile; TOPI's pads by the conv's padding only, and where the output is not a multiple of 4 (ResNet's
-    14x14 and 7x7) its last tiles read two rows and columns past the buffer (its measured programs then came out
-    wrong by 1-2% once the padded input was a stage of its own)."""
+    14x14 and 7x7) its last tiles read two rows and columns past the buffer (its measured programs came out
+    wrong by 1.6-1.9% where the unblocked input was a stage of its own)."""
     from tvm import te, tirx
     from tvm.topi.nn.winograd_util import winograd_transform_matrices
 
