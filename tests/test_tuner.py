@@ -175,6 +175,27 @@ def test_gradient_scheduler_uses_faster_peers_of_the_same_kernel_class(matmul_ta
     assert GradientScheduler(states, eps=0.0).next().task.name == "slow"
 
 
+def test_gradient_scheduler_leaves_the_slower_alternative_of_a_conv_alone(matmul_task):
+    """A conv tuned direct and by Winograd counts its faster side only: a round of the slower side gains nothing
+    until its expected progress would overtake the faster one."""
+    from tunecore.summary import estimated_latency
+
+    def tensor(*shape):
+        return ["TENSOR", "float32", list(shape)]
+
+    convs = {"direct": [tensor(1, 64, 14, 14), tensor(64, 64, 3, 3), tensor(1, 64, 14, 14)],
+             "winograd": [tensor(1, 64, 14, 14), tensor(6, 6, 64, 64), tensor(1, 64, 14, 14)]}
+    states = _states(matmul_task, [("direct", 1, 1e-3, 4), ("winograd", 1, 1.5e-3, 4), ("other", 1, 0.1e-3, 4)])
+    for i, s in enumerate(states):
+        s.task = dataclasses.replace(s.task, args=convs.get(s.task.name, s.task.args), kernel_class=str(i))
+    # expected steps: direct -0.2 ms, winograd -0.3 ms (to 1.2 ms, still behind direct), other -0.02 ms
+    assert GradientScheduler(states, eps=0.0).next().task.name == "direct"
+    assert estimated_latency(states) == pytest.approx(1.1e-3)
+    states[1].best = states[1].best_history[-1] = 0.5e-3  # winograd overtook: now direct is the one left alone
+    assert GradientScheduler(states, eps=0.0).next().task.name == "winograd"
+    assert estimated_latency(states) == pytest.approx(0.6e-3)
+
+
 def test_schedulers_skip_finished_tasks(matmul_task):
     states = _states(matmul_task, [("a", 1, 1e-3, 1), ("b", 1, 1e-3, 1)])
     states[0].done_reason = "exhausted"

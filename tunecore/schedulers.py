@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -43,6 +43,33 @@ class TaskState:
                 self.done_reason = "every candidate failed"
 
 
+Part = list[list[TaskState]]  # alternative sides, each the tasks one way of computing the part takes
+
+
+def network_parts(states: Sequence[TaskState]) -> list[Part]:
+    """The network's parts, each a list of sides of which ``compile`` builds the fastest: a conv tuned both
+    direct and by Winograd (tunecore.winograd) is one part of two sides (each side every task of the conv's
+    signature, its epilogues alike); any other task is a part of one side of its own."""
+    from tunecore.winograd import task_signature
+
+    parts: list[Part] = []
+    convs: dict[str, dict[bool, list[TaskState]]] = {}
+    for s in states:
+        named = task_signature(s.task)
+        if named is None:
+            parts.append([[s]])
+        else:
+            convs.setdefault(named[0], {}).setdefault(named[1], []).append(s)
+    return parts + [list(sides.values()) for sides in convs.values()]
+
+
+def network_latency(parts: Sequence[Part], best: Mapping[int, float] | None = None) -> float:
+    """The objective f: sum over parts of the fastest side's sum of weight x best latency (a task without a
+    success counts UNMEASURED); ``best`` overrides the best of tasks (by ``id`` of their state)."""
+    best = best or {}
+    return sum(min(sum(s.task.weight * best.get(id(s), s.best) for s in side) for side in part) for part in parts)
+
+
 class RoundRobinScheduler:
     """Tasks in turn."""
 
@@ -65,7 +92,9 @@ class GradientScheduler(RoundRobinScheduler):
     After every task had one round, it picks the task whose next round is expected to reduce f
     most, estimating dg_i/dt from the task's recent progress (backward window) and from what a
     similar task of the same kernel class achieves (optimistic forward guess); with probability
-    ``eps`` it picks a random task instead.
+    ``eps`` it picks a random task instead. Where a conv has alternative kernels (``network_parts``),
+    f counts the fastest side only, so a side's round gains only what would bring it below the
+    other: the slower side is left alone once its expected progress cannot overtake.
     """
 
     name = "gradient"
@@ -75,6 +104,7 @@ class GradientScheduler(RoundRobinScheduler):
         super().__init__(states)
         self.alpha, self.beta, self.window, self.eps = alpha, beta, backward_window, eps
         self.rng = np.random.default_rng(seed)
+        self.parts = network_parts(states)
 
     def next(self) -> TaskState | None:
         alive = [s for s in self.states if s.done_reason is None]
@@ -85,13 +115,14 @@ class GradientScheduler(RoundRobinScheduler):
             return unstarted[0]
         if self.rng.random() < self.eps:
             return alive[int(self.rng.integers(len(alive)))]
-        gradients = [self._gradient(s) for s in alive]
+        now = network_latency(self.parts)
+        gradients = [network_latency(self.parts, {id(s): s.best + self._step(s)}) - now for s in alive]
         if max(gradients) == min(gradients):
             return alive[int(self.rng.integers(len(alive)))]
         return alive[int(np.argmin(gradients))]
 
-    def _gradient(self, s: TaskState) -> float:
-        chain = s.task.weight  # df/dg_i for f = sum w_i g_i
+    def _step(self, s: TaskState) -> float:
+        """The expected change of the task's best latency in its next round (<= 0)."""
         history = s.best_history
         backward = (history[-1] - history[-1 - self.window]) / self.window if len(history) > self.window else 0.0
         optimistic = s.best - s.best / s.rounds
@@ -100,7 +131,7 @@ class GradientScheduler(RoundRobinScheduler):
             best_throughput = max(p.task.flops / p.best for p in peers)
             optimistic = min(optimistic, self.beta * s.task.flops / best_throughput)
         forward = optimistic - s.best
-        return chain * (self.alpha * backward + (1 - self.alpha) * forward)
+        return self.alpha * backward + (1 - self.alpha) * forward
 
 
 SCHEDULERS = {cls.name: cls for cls in (GradientScheduler, RoundRobinScheduler)}

@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import Any, Sequence, TypedDict
 
 from tunecore.roles import SearchPolicy
-from tunecore.schedulers import UNMEASURED, TaskState
+from tunecore.schedulers import UNMEASURED, TaskState, network_latency, network_parts
 
 
 def estimated_latency(states: Sequence[TaskState]) -> float | None:
-    if not states or any(s.best >= UNMEASURED for s in states):
-        return None
-    return sum(s.task.weight * s.best for s in states)
+    """The sum of weight x best latency over what compile builds (the faster of a conv's direct and Winograd
+    kernels); None while a part has no side whose every task has a success."""
+    total = network_latency(network_parts(states)) if states else UNMEASURED
+    return None if total >= UNMEASURED else total
 
 
 class TaskSummary(TypedDict):
@@ -51,7 +52,7 @@ class RunSummary(TypedDict):
     # where the time of the rounds went: proposing, measuring (+ profiling hooks), committing,
     # and the cost model and search learning from the results
     phase_s: dict[str, float]
-    estimated_latency_ms: float | None  # sum of weight x best; None while a task has no success
+    estimated_latency_ms: float | None  # tunecore.summary.estimated_latency
     tasks: list[TaskSummary]
 
 

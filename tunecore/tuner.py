@@ -58,7 +58,7 @@ class RoundReport:
     measured: int  # this run so far
     budget: float  # this run's trials (inf: a time budget alone)
     errors: int  # this run so far
-    estimated_latency: float | None  # sum of weight * best over tasks, None while a task has no success
+    estimated_latency: float | None  # tunecore.summary.estimated_latency
     states: list[TaskState]
 
 
