@@ -68,6 +68,19 @@ def _task_name(symbol: str) -> str:
     return symbol.removesuffix("_prepacked")
 
 
+def built_tasks(workload: Any, target: Any, tasks: list) -> dict[str, Any]:
+    """The build's kernel names -> the tuned tasks they are (by structure). Kernels are named in the order the
+    fused module has them, so a build with some convs by Winograd names them unlike the extraction, which had
+    every eligible conv both ways."""
+    import dataclasses
+
+    from tunecore.workloads import extract_tasks
+
+    by_hash = {t.workload_hash: t for t in tasks}
+    as_built = extract_tasks(dataclasses.replace(workload, winograd=False), target)  # winograd_convs: the chosen
+    return {t.name: by_hash[t.workload_hash] for t in as_built if t.workload_hash in by_hash}
+
+
 def build_alone(tasks: list, database: Any, target: Any, directory: str) -> dict[str, tuple[str, list]]:
     """Each task's program as the tuned build compiles it, built alone by the measurer's own worker functions
     (packed weights passed packed): task name -> (library path, its arguments)."""
@@ -229,7 +242,7 @@ def analyse(onnx_path: str, store_file: str, runs: int, layout: str = "nchw", pa
             ort_ms[row["node"]].append(row["ms"])
     ort_rows = [{**row, "ms": float(np.median(ort_ms[row["node"]]))} for row in ort_passes[0][0]]
     ort_whole_ms = float(np.median([whole for _, whole in ort_passes]))
-    by_name = {t.name: t for t in tasks}
+    by_name = built_tasks(workload, target, tasks)
     tvm_rows = []
     for symbol, c in calls.items():
         task = by_name.get(_task_name(symbol))

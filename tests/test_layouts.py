@@ -104,6 +104,7 @@ def test_bad_layouts_are_one_line_errors(cnn):
     assert_one_line_exit_2(run_cli("tasks", "--model", cnn, "--layout", "nchwc", "--target", "cuda"),
                            "--layout nchwc", "cuda")
     assert_one_line_exit_2(run_cli("tasks", "--model", "op:matmul-64", "--layout", "nhwc"), "single operator")
+    assert_one_line_exit_2(run_cli("tasks", "--model", cnn, "--layout", "nhwc", "--winograd"), "--winograd", "nhwc")
 
 
 def test_register_tiles_fit_the_vector_registers():

@@ -202,13 +202,14 @@ def _choose_layout(config: TuneConfig, target: Any, tuner: Callable[[], Any], st
     layout changes (no 2-D conv) is left as it is, unmeasured."""
     import math
 
-    from tunecore.compile import Runnable, best_database, build, random_inputs
+    from tunecore.compile import Runnable, best_database, build, choose_winograd, random_inputs
     from tunecore.layouts import DEFAULT, LAYOUTS
     from tunecore.targets import use_target_threads
-    from tunecore.workloads import extract_tasks, load_workload
+    from tunecore.workloads import WINOGRAD_LAYOUTS, extract_tasks, load_workload
 
     candidates = [layout for layout in LAYOUTS if layout != "nchwc" or target.kind.name == "llvm"]
-    workloads = {layout: load_workload(config.model, config.input_shapes, layout, config.winograd)
+    workloads = {layout: load_workload(config.model, config.input_shapes, layout,
+                                       config.winograd and layout in WINOGRAD_LAYOUTS)  # where the layout has it
                  for layout in candidates}
     if not workloads[DEFAULT].is_network:
         raise UsageError(f"--layout auto: {config.model} is a single operator; layouts apply to networks")
@@ -228,6 +229,7 @@ def _choose_layout(config: TuneConfig, target: Any, tuner: Callable[[], Any], st
         if on_tasks:
             on_tasks(tasks[layout])
         summary = tuner().tune(tasks[layout], trials, dict(info, layout_probe=True), time_budget=seconds)
+        choose_winograd(workload, store, tasks[layout])
         database, covered = best_database(store, tasks[layout], target)
         runnables[layout] = Runnable(build(workload, target, database), workload, target, random_inputs(workload))
         probes[layout] = {"trials": summary["trials_total"], "tasks": len(tasks[layout]), "tasks_tuned": covered}
