@@ -7,6 +7,10 @@ For each network of bench/e2e.py (the same ONNX export) and a tunecore store tun
   time (allocation, argument handling, the instrument's calls excluded).
 - **alone**: each task's best stored program built and timed alone like the measurer times it (warm
   caches, random inputs); tasks with no record are timed unscheduled, as the build leaves them.
+- **alone, cold**: the same, each timing one call right after its weights and output were flushed from the
+  caches (``-O measurer.cpu_cache_flush=true``'s timing): inside the model a layer's weights come from memory,
+  which a warm timing hides (ResNet-18's Winograd kernels, whose transformed weights are 4x the filter, ran 2x their
+  warm time inside the model).
 - **onnxruntime**: its profiler's per-node times on the same file, matched to TVM kernels by operator
   kind and output shape (ORT fuses Conv+Add+Relu and MatMul+Add as TVM does, so most layers match one
   to one).
@@ -100,13 +104,14 @@ def build_alone(tasks: list, database: Any, target: Any, directory: str) -> dict
     return out
 
 
-def alone_seconds(built: dict[str, tuple[str, list]], target: Any) -> dict[str, float]:
-    """Each built task timed alone as the measurer times it: median of 5 timings of at least 50 ms each."""
+def alone_seconds(built: dict[str, tuple[str, list]], target: Any, cold: bool = False) -> dict[str, float]:
+    """Each built task timed alone as the measurer times it: median of 5 timings of at least 50 ms each, or
+    ``cold``, of 20 single calls each after a flush of all arguments but the input."""
     from tunecore.measure import worker
     from tunecore.tvmjson import target_to_json
 
     target_json = target_to_json(target)
-    evaluator = dict(number=1, repeat=5, min_repeat_ms=50, enable_cpu_cache_flush=False)
+    evaluator = dict(number=1, repeat=20 if cold else 5, min_repeat_ms=50, enable_cpu_cache_flush=cold)
     return {name: float(np.median(worker.run(path, target_json, args, evaluator, None)[0]))
             for name, (path, args) in built.items()}
 
@@ -167,7 +172,7 @@ def match(tvm_rows: list[dict], ort_rows: list[dict]) -> list[dict]:
     for row in tvm_rows:
         group = groups.setdefault((kind_of(row["kernel"]), row["shape"]), _group())
         group["tvm_kernels"].append(row["kernel"])
-        for key in ("in_model_ms", "alone_ms", "calls"):
+        for key in ("in_model_ms", "alone_ms", "alone_cold_ms", "calls"):
             group[key] += row[key]
     for row in ort_rows:
         group = groups.setdefault((kind_of(row["op"]), row["shape"]), _group())
@@ -190,7 +195,8 @@ def _as_nchw(shape: tuple, layout: str) -> tuple:
 
 
 def _group() -> dict:
-    return {"tvm_kernels": [], "ort_nodes": [], "in_model_ms": 0.0, "alone_ms": 0.0, "calls": 0, "ort_ms": 0.0}
+    return {"tvm_kernels": [], "ort_nodes": [], "in_model_ms": 0.0, "alone_ms": 0.0, "alone_cold_ms": 0.0, "calls": 0,
+            "ort_ms": 0.0}
 
 
 def analyse(onnx_path: str, store_file: str, runs: int, layout: str = "nchw", passes: int = 3,
@@ -226,16 +232,18 @@ def analyse(onnx_path: str, store_file: str, runs: int, layout: str = "nchw", pa
     whole_ms = runnable.time(10, 300) * 1e3
     name_of_input = workload.mod["main"].params[0].name
     # the three timings alternate in passes, so that the host's drift over minutes falls on all of them alike
-    in_model, alone_passes, ort_passes = [], [], []
+    in_model, alone_passes, cold_passes, ort_passes = [], [], [], []
     with tempfile.TemporaryDirectory() as directory:
         built = build_alone(tasks, database, target, directory)
         for _ in range(passes):
             in_model.append(in_model_seconds(runnable, runs))
             alone_passes.append(alone_seconds(built, target))
+            cold_passes.append(alone_seconds(built, target, cold=True))
             ort_passes.append(ort_node_times(onnx_path, {name_of_input: inputs[0]}, threads, runs))
     calls = {symbol: {"calls": c["calls"], "ms": float(np.median([p[symbol]["ms"] for p in in_model]))}
              for symbol, c in in_model[0].items()}
     alone = {name: float(np.median([p[name] for p in alone_passes])) for name in alone_passes[0]}
+    cold = {name: float(np.median([p[name] for p in cold_passes])) for name in cold_passes[0]}
     ort_ms = collections.defaultdict(list)
     for rows, _ in ort_passes:
         for row in rows:
@@ -251,7 +259,8 @@ def analyse(onnx_path: str, store_file: str, runs: int, layout: str = "nchw", pa
         record = best[task.name]
         tvm_rows.append({
             "kernel": task.name, "class": task.kernel_class, "calls": c["calls"], "in_model_ms": c["ms"],
-            "alone_ms": alone[task.name] * 1e3 * c["calls"], "tuned": record is not None,
+            "alone_ms": alone[task.name] * 1e3 * c["calls"], "alone_cold_ms": cold[task.name] * 1e3 * c["calls"],
+            "tuned": record is not None,
             "stored_best_ms": (record.latency * 1e3 * c["calls"]) if record is not None and record.latency else None,
             "trials": trials[task.name], "gflop": task.flops * c["calls"] / 1e9,
             "shape": _as_nchw(tuple(task.args[-1][2]), layout),
@@ -262,7 +271,7 @@ def analyse(onnx_path: str, store_file: str, runs: int, layout: str = "nchw", pa
         "onnx": onnx_path, "store": store_file, "threads": threads, "tasks": len(tasks), "tasks_tuned": covered,
         "outputs_match_untuned": error, "latency_ms": whole_ms, "kernels_in_model_ms": kernels_ms,
         "vm_builtins_ms": sum(c["ms"] for c in others.values()),
-        "alone_ms": sum(r["alone_ms"] for r in tvm_rows),
+        "alone_ms": sum(r["alone_ms"] for r in tvm_rows), "alone_cold_ms": sum(r["alone_cold_ms"] for r in tvm_rows),
         "stored_best_ms": sum(r["stored_best_ms"] or 0.0 for r in tvm_rows),
         "ort_latency_ms": ort_whole_ms, "ort_nodes_ms": sum(r["ms"] for r in ort_rows),
         "kernels": sorted(tvm_rows, key=lambda r: -r["in_model_ms"]),
@@ -278,6 +287,7 @@ def summary_lines(r: dict) -> list[str]:
             f"| its kernels, timed inside the model | {r['kernels_in_model_ms']:.2f} |",
             f"| VM builtins (allocation, shape checks), inside the model | {r['vm_builtins_ms']:.2f} |",
             f"| the same kernels alone, re-timed now | {r['alone_ms']:.2f} |",
+            f"| the same kernels alone, cold (weights flushed before each call) | {r['alone_cold_ms']:.2f} |",
             f"| the same kernels, best latency stored by tuning | {r['stored_best_ms']:.2f} |",
             f"| onnxruntime, whole run (profiling on) | {r['ort_latency_ms']:.2f} |",
             f"| onnxruntime, sum of its nodes | {r['ort_nodes_ms']:.2f} |", "",
@@ -289,15 +299,16 @@ def summary_lines(r: dict) -> list[str]:
 
 def layer_lines(r: dict, limit: int | None = None) -> list[str]:
     """Markdown: layers by kind and output shape, TVM in model vs alone vs onnxruntime, largest first."""
-    lines = ["| kind | output | TVM kernels | calls | trials | in model ms | alone ms | ORT ms | ORT nodes | "
-             "gap to ORT ms |", "|---|---|---|---:|---:|---:|---:|---:|---|---:|"]
+    lines = ["| kind | output | TVM kernels | calls | trials | in model ms | alone ms | alone cold ms | ORT ms | "
+             "ORT nodes | gap to ORT ms |", "|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|"]
     trials = {k["kernel"]: k["trials"] for k in r["kernels"]}
     for g in r["layers"][:limit]:
         kernels = ", ".join(sorted(set(g["tvm_kernels"])))[:80] or "-"
         nodes = ", ".join(f"{n}x{c}" for n, c in collections.Counter(g["ort_nodes"]).items()) or "-"
         tried = sum(trials.get(k, 0) for k in set(g["tvm_kernels"]))
         lines.append(f"| {g['kind']} | {g['shape']} | {kernels} | {g['calls']} | {tried} | {g['in_model_ms']:.2f} | "
-                     f"{g['alone_ms']:.2f} | {g['ort_ms']:.2f} | {nodes} | {g['in_model_ms'] - g['ort_ms']:+.2f} |")
+                     f"{g['alone_ms']:.2f} | {g['alone_cold_ms']:.2f} | {g['ort_ms']:.2f} | {nodes} | "
+                     f"{g['in_model_ms'] - g['ort_ms']:+.2f} |")
     return lines + [""]
 
 
@@ -308,12 +319,13 @@ def markdown(report: dict) -> str:
              f"Store `{os.path.basename(r['store'])}`.", "", *summary_lines(r),
              "## Layers: TVM in model vs alone vs onnxruntime (by kind and output shape)", "", *layer_lines(r),
              "## Kernels", "",
-             "| kernel | calls | trials | GFLOP | in model ms | alone ms | stored best ms | in model / alone |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| kernel | calls | trials | GFLOP | in model ms | alone ms | alone cold ms | stored best ms | "
+             "in model / alone |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for k in r["kernels"]:
         stored = "-" if k["stored_best_ms"] is None else f"{k['stored_best_ms']:.3f}"
         lines.append(f"| {k['kernel']} | {k['calls']} | {k['trials']} | {k['gflop']:.3f} | {k['in_model_ms']:.3f} | "
-                     f"{k['alone_ms']:.3f} | {stored} | {k['in_model_ms'] / max(k['alone_ms'], 1e-9):.2f} |")
+                     f"{k['alone_ms']:.3f} | {k['alone_cold_ms']:.3f} | {stored} | "
+                     f"{k['in_model_ms'] / max(k['alone_ms'], 1e-9):.2f} |")
     lines.append("")
     return "\n".join(lines)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from typing import Any, Sequence
 
@@ -42,8 +43,8 @@ def script_parser(doc: str, script: str) -> argparse.ArgumentParser:
     return parser
 
 def command_line(script: str) -> str:
-    """How this benchmark was invoked, for the report."""
-    return " ".join(["python", f"bench/{script}", *sys.argv[1:]])
+    """How this benchmark was invoked, for the report, quoted so that it can be pasted into a shell."""
+    return shlex.join(["python", f"bench/{script}", *sys.argv[1:]])
 
 def environment_line(report: dict, threads: int | None = None) -> str:
     """The line of a results markdown that says where and how it was measured."""

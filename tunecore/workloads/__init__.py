@@ -17,7 +17,6 @@ from typing import Any, Callable, Sequence
 from tunecore.data import Task, task_id_for
 from tunecore.errors import UsageError
 
-
 WINOGRAD_LAYOUTS = ("nchw", "nchwc")  # the layouts tunecore.winograd computes convs in
 
 
