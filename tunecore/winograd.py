@@ -8,6 +8,11 @@ builds the rest direct. The filter transform is a computation on the weights alo
 In the blocked layout (``--layout nchwc``) the Winograd kernel reads and writes blocked activations itself, so a
 conv computed by Winograd needs no layout transforms around it among blocked convs.
 
+On CPUs ``tunecore run --winograd`` times every kernel cold (a cache flush before each call): the transformed
+filter is 4x the filter, and timed warm a Winograd kernel won where inside the network, its weights coming from
+memory, it took twice its warm time and lost (bench/results/e2e_gap-spr-resnet18-winograd-warm.md). Where a conv
+has both kernels, the task scheduler counts only the faster side (tunecore.schedulers.network_parts).
+
 A conv is named by its ``signature`` (input and output shapes and the filter count), which both of its kernels'
 arguments show: convs of one signature take one decision.
 """

@@ -22,9 +22,10 @@ def add_common(p: argparse.ArgumentParser, *, model: bool = True, target: bool =
                             "keeps the fastest build; `compile` without it uses the layout the model was last tuned "
                             "in")
         p.add_argument("--winograd", action="store_true", default=None,
-                       help="give 3x3 stride-1 NCHW convs Winograd kernels beside their direct ones; `compile` keeps "
-                            "Winograd for a conv only where its tuned kernel measured faster (and follows the model's "
-                            "last run when not given)")
+                       help="give 3x3 stride-1 convs (nchw, nchwc) Winograd kernels beside their direct ones; "
+                            "`compile` keeps Winograd for a conv only where its tuned kernel measured faster (and "
+                            "follows the model's last run when not given); on CPUs `run` then times cold "
+                            "(-O measurer.cpu_cache_flush=true, repeat=10), as a network runs the kernels")
     if target:
         p.add_argument("--target", "-t", default="llvm",
                        help="llvm (this CPU, real mcpu) | cuda | a TVM target tag, e.g. nvidia/nvidia-h100 or "
