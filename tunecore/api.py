@@ -222,7 +222,8 @@ def _choose_layout(config: TuneConfig, target: Any, tuner: Callable[[], Any], st
     from tunecore.compile import Runnable, best_database, build, choose_winograd, random_inputs
     from tunecore.layouts import DEFAULT, LAYOUTS
     from tunecore.targets import use_target_threads
-    from tunecore.workloads import WINOGRAD_LAYOUTS, extract_tasks, load_workload
+    from tunecore.winograd import LAYOUTS as WINOGRAD_LAYOUTS
+    from tunecore.workloads import extract_tasks, load_workload
 
     candidates = [layout for layout in LAYOUTS if layout != "nchwc" or target.kind.name == "llvm"]
     workloads = {layout: load_workload(config.model, config.input_shapes, layout,

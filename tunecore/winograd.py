@@ -26,6 +26,7 @@ from typing import Any
 TILE = 4  # F(4x4, 3x3): 6x6 input tiles
 ALPHA = TILE + 3 - 1
 ALL = "*"  # in a set of signatures: every conv Winograd can compute
+LAYOUTS = ("nchw", "nchwc")  # the layouts (tunecore.layouts) whose convs ``eligible`` accepts
 
 
 def eligible(call: Any) -> bool:

@@ -17,8 +17,6 @@ from typing import Any, Callable, Sequence
 from tunecore.data import Task, task_id_for
 from tunecore.errors import UsageError
 
-WINOGRAD_LAYOUTS = ("nchw", "nchwc")  # the layouts tunecore.winograd computes convs in
-
 
 @dataclasses.dataclass
 class Workload:
@@ -49,6 +47,8 @@ def load_workload(spec: str, input_shapes: dict[str, tuple[int, ...]] | None = N
     if not workload.is_network and (workload.layout != DEFAULT or winograd):
         flag = "--winograd" if winograd else f"--layout {workload.layout}"
         raise UsageError(f"{flag}: {spec} is a single operator; it applies to networks")
+    from tunecore.winograd import LAYOUTS as WINOGRAD_LAYOUTS
+
     if winograd and workload.layout not in WINOGRAD_LAYOUTS:
         raise UsageError(f"--winograd: Winograd kernels compute convs in {' or '.join(WINOGRAD_LAYOUTS)}, "
                          f"not {workload.layout}")
