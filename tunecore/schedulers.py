@@ -105,6 +105,7 @@ class GradientScheduler(RoundRobinScheduler):
         self.alpha, self.beta, self.window, self.eps = alpha, beta, backward_window, eps
         self.rng = np.random.default_rng(seed)
         self.parts = network_parts(states)
+        self.alternatives = {id(s) for part in self.parts if len(part) > 1 for side in part for s in side}
 
     def next(self) -> TaskState | None:
         alive = [s for s in self.states if s.done_reason is None]
@@ -124,13 +125,21 @@ class GradientScheduler(RoundRobinScheduler):
     def _step(self, s: TaskState) -> float:
         """The expected change of the task's best latency in its next round (<= 0)."""
         history = s.best_history
-        backward = (history[-1] - history[-1 - self.window]) / self.window if len(history) > self.window else 0.0
         optimistic = s.best - s.best / s.rounds
         peers = [p for p in self.states if p.task.kernel_class == s.task.kernel_class and p.best < UNMEASURED]
         if len(peers) > 1 and s.task.flops > 0:
             best_throughput = max(p.task.flops / p.best for p in peers)
             optimistic = min(optimistic, self.beta * s.task.flops / best_throughput)
         forward = optimistic - s.best
+        if len(history) > self.window:
+            backward = (history[-1] - history[-1 - self.window]) / self.window
+        elif id(s) in self.alternatives:
+            # too few rounds to show progress. Ansor counts that as none, which only ranks tasks, but a side of a
+            # conv must reach below the other side's value: a side whose one round measured the untuned program
+            # (e.g. --search transfer without a donor, before --then takes over) would never get a second round
+            backward = forward
+        else:
+            backward = 0.0
         return self.alpha * backward + (1 - self.alpha) * forward
 
 
