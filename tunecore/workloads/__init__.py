@@ -169,7 +169,9 @@ def fusion_passes(target: Any, layout: str = "nchw", winograd: frozenset = froze
     """Convert the convs' layout, legalize and fuse, as ``tunecore compile`` builds (tunecore.compile), so
     tuned tasks match what gets compiled. Each kernel's weight buffers are marked layout-free:
     MetaSchedule's RewriteLayout then tiles them in the order the schedule reads them, and the build packs
-    them once (Ansor's layout rewrite)."""
+    them once (Ansor's layout rewrite). erf, exp, tanh and softmax become TVM's polynomial fast_* forms, which
+    vectorize: this TVM lowers them to scalar libm calls (erf 80x slower per element on Zen 5, 10.4 against
+    0.13 ms per million; exp 10x, tanh 13x), within 3.3e-7 of libm's (errors measured on [-10, 10])."""
     import tvm
     from tvm import relax
     from tvm.relax import pipeline
@@ -179,6 +181,7 @@ def fusion_passes(target: Any, layout: str = "nchw", winograd: frozenset = froze
     return [
         *layout_passes(layout, target),
         *pipeline.library_dispatch_passes(target),
+        relax.transform.FastMathTransform(),
         relax.transform.LegalizeOps(legalize_map(winograd)),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
