@@ -6,10 +6,10 @@ from tunecore.workloads.ops import op_names
 from tunecore.workloads.zoo import ZOO_NAMES
 
 # (tasks, kernel calls per inference = sum of weights, GFLOP) with batch-norm folded into the convolutions,
-# as deployed models are
+# as deployed models are; GFLOP counts the polynomials of fast erf/exp (bert-tiny's softmax and GELU: 0.12 -> 0.125)
 ZOO_EXPECTED = {
     "resnet-18": (22, 24, 3.64), "resnet-50": (32, 57, 8.21), "mobilenet-v2": (33, 55, 0.62),
-    "bert-base": (14, 184, 22.4), "bert-tiny": (14, 34, 0.12), "dcgan": (5, 5, 0.857), "resnet3d-18": (21, 23, 81.4),
+    "bert-base": (14, 184, 22.4), "bert-tiny": (14, 34, 0.125), "dcgan": (5, 5, 0.857), "resnet3d-18": (21, 23, 81.4),
 }
 
 
