@@ -175,19 +175,26 @@ def test_gradient_scheduler_uses_faster_peers_of_the_same_kernel_class(matmul_ta
     assert GradientScheduler(states, eps=0.0).next().task.name == "slow"
 
 
-def test_gradient_scheduler_leaves_the_slower_alternative_of_a_conv_alone(matmul_task):
-    """A conv tuned direct and by Winograd counts its faster side only: a round of the slower side gains nothing
-    until its expected progress would overtake the faster one."""
-    from tunecore.summary import estimated_latency
-
+def _conv_sides(states):
+    """States named "direct" and "winograd" given the arguments of one 3x3 conv's two kernels, each state a kernel
+    class of its own."""
     def tensor(*shape):
         return ["TENSOR", "float32", list(shape)]
 
     convs = {"direct": [tensor(1, 64, 14, 14), tensor(64, 64, 3, 3), tensor(1, 64, 14, 14)],
              "winograd": [tensor(1, 64, 14, 14), tensor(6, 6, 64, 64), tensor(1, 64, 14, 14)]}
-    states = _states(matmul_task, [("direct", 1, 1e-3, 4), ("winograd", 1, 1.5e-3, 4), ("other", 1, 0.1e-3, 4)])
     for i, s in enumerate(states):
         s.task = dataclasses.replace(s.task, args=convs.get(s.task.name, s.task.args), kernel_class=str(i))
+    return states
+
+
+def test_gradient_scheduler_leaves_the_slower_alternative_of_a_conv_alone(matmul_task):
+    """A conv tuned direct and by Winograd counts its faster side only: a round of the slower side gains nothing
+    until its expected progress would overtake the faster one."""
+    from tunecore.summary import estimated_latency
+
+    states = _conv_sides(_states(matmul_task, [("direct", 1, 1e-3, 4), ("winograd", 1, 1.5e-3, 4),
+                                               ("other", 1, 0.1e-3, 4)]))
     # expected steps: direct -0.2 ms, winograd -0.3 ms (to 1.2 ms, still behind direct), other -0.02 ms
     assert GradientScheduler(states, eps=0.0).next().task.name == "direct"
     assert estimated_latency(states) == pytest.approx(1.1e-3)
@@ -199,14 +206,8 @@ def test_gradient_scheduler_leaves_the_slower_alternative_of_a_conv_alone(matmul
 def test_gradient_scheduler_gives_a_side_measured_once_untuned_another_round(matmul_task):
     """--search transfer --then ansor: without a donor a task's first round measures its untuned program only.
     A side of a conv judged by that one number would never get the round in which ansor starts."""
-    def tensor(*shape):
-        return ["TENSOR", "float32", list(shape)]
-
-    convs = {"direct": [tensor(1, 64, 14, 14), tensor(64, 64, 3, 3), tensor(1, 64, 14, 14)],
-             "winograd": [tensor(1, 64, 14, 14), tensor(6, 6, 64, 64), tensor(1, 64, 14, 14)]}
-    states = _states(matmul_task, [("direct", 1, 5e-3, 1), ("winograd", 1, 0.1e-3, 3), ("other", 1, 0.1e-3, 4)])
-    for i, s in enumerate(states):
-        s.task = dataclasses.replace(s.task, args=convs.get(s.task.name, s.task.args), kernel_class=str(i))
+    states = _conv_sides(_states(matmul_task, [("direct", 1, 5e-3, 1), ("winograd", 1, 0.1e-3, 3),
+                                               ("other", 1, 0.1e-3, 4)]))
     # Ansor's blend with no backward estimate expects direct at 1 ms after its next round, never below winograd
     assert GradientScheduler(states, eps=0.0).next().task.name == "direct"
 
