@@ -9,10 +9,12 @@ speed drifts between runs. Reported: best and top-4 mean latency of each, their 
 
 `--cores` sets the target's `num-cores` (kernels use that many threads); `all` is the host default.
 On this 2-core VM, timings of kernels using both cores swing by 25% and more, which also misleads
-a search during tuning; single-core timings are steady to a few %.
+a search during tuning; single-core timings are steady to a few %. `--mcpu` sets the target's `mcpu`
+(the host's by default): `--cost-model ncu` counts instructions with valgrind, which cannot run AVX-512, so
+on an AVX-512 host its pairs are run for an AVX2 CPU of the same line (`--mcpu znver3` on Zen 4 and 5).
 
     python bench/search_pairs.py [--baseline random:none] [--contender ansor:xgb] [--ops t2d-0,matmul-512]
-        [--trials 96] [--seeds 3] [--cores 1|all]
+        [--trials 96] [--seeds 3] [--cores 1|all] [--mcpu znver3]
 
 Rows accumulate in bench/results/search_pairs.{json,md} (one row per pair, operator, trials, cores).
 """
@@ -53,6 +55,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=96)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--cores", default="1", help="num-cores of the target, or 'all'")
+    parser.add_argument("--mcpu", help="mcpu of the target (the host's by default)")
     args = parser.parse_args()
     pair = (args.baseline, args.contender)
     if any(len(config.split(":")) != 2 for config in pair) or args.baseline == args.contender:
@@ -64,7 +67,10 @@ def main() -> None:
     from tunecore.tvmjson import target_from_json, target_to_json
 
     cores = physical_cores() if args.cores == "all" else int(args.cores)
-    target_json = json.dumps({**json.loads(target_to_json(host_target())), "num-cores": cores})
+    target = {**json.loads(target_to_json(host_target())), "num-cores": cores}
+    if args.mcpu:
+        target["mcpu"] = args.mcpu
+    target_json, mcpu = json.dumps(target), target.get("mcpu", "")
     work = tempfile.mkdtemp(prefix="tunecore-bench-search-pairs-")
     path = os.path.join(args.out, "search_pairs.json")
     report = json.load(open(path)) if os.path.exists(path) else {"benchmark": "search_pairs", "rows": {}}
@@ -87,7 +93,6 @@ def main() -> None:
             b, c = np.array(latencies[args.baseline]), np.array(latencies[args.contender])
             print(f"  best {args.contender}/{args.baseline} {c[0] / b[0]:.3f}, "
                   f"top-{TOP_K} mean {c.mean() / b.mean():.3f}", file=sys.stderr)
-        mcpu = report["environment"]["device"]["mcpu"]
         report["rows"][f"{args.contender} vs {args.baseline} {op} {args.trials} {cores} {mcpu}"] = {
             "baseline": args.baseline, "contender": args.contender,
             "op": op, "trials": args.trials, "cores": cores, "seeds": seeds,
@@ -95,6 +100,7 @@ def main() -> None:
             "mean_ratio": [float(np.mean(s["top_s"][args.contender]) / np.mean(s["top_s"][args.baseline]))
                            for s in seeds],
             "command": command_line("search_pairs.py"), "mcpu": mcpu,
+            "host_mcpu": report["environment"]["device"]["mcpu"],
         }
     write_results(args.out, "search_pairs", report, markdown(report))
 
@@ -106,7 +112,8 @@ def markdown(report: dict) -> str:
         f"Last run: {env['cpu']} ({env['cores']} cores), TVM {env['versions']['apache-tvm']}. "
         "The 4 best programs of each run re-measured together (median of 8 passes in random order). "
         "Ratios are contender / baseline: below 1, the contender's programs are faster. Best ratio over passes: "
-        "the best program's ratio within each pass, min-max over the passes. Verdict: faster (slower) when "
+        "the best program's ratio within each pass, min-max over the passes. CPU: the target's mcpu, and the host's "
+        "where they differ. Verdict: faster (slower) when "
         "that range is below (above) 1 on every seed, else level; rows run before the range was kept have none.",
         "",
         *[line for note in report.get("notes", []) for line in (note, "")],
@@ -127,7 +134,9 @@ def markdown(report: dict) -> str:
         verdict = "-" if not all(ranges) else "faster" if all(r[1] < 1 for r in ranges) else \
             "slower" if all(r[0] > 1 for r in ranges) else "level"
         label = f"{contender} ({row['note']})" if row.get("note") else contender
-        lines.append(f"| {label} | {baseline} | {row['op']} | {row['trials']} | {row['mcpu']} | {row['cores']} "
+        host = row.get("host_mcpu", row["mcpu"])
+        cpu = row["mcpu"] if host == row["mcpu"] else f"{row['mcpu']} on {host}"
+        lines.append(f"| {label} | {baseline} | {row['op']} | {row['trials']} | {cpu} | {row['cores']} "
                      f"| {baseline_best} | {contender_best} | {best_ratio} | {over_passes} | {mean_ratio} | {walls} "
                      f"| {verdict} | `{row['command']}` |")
     lines.append("")
