@@ -70,7 +70,7 @@ def main() -> None:
     target = {**json.loads(target_to_json(host_target())), "num-cores": cores}
     if args.mcpu:
         target["mcpu"] = args.mcpu
-    target_json, mcpu = json.dumps(target), target.get("mcpu", "")
+    target_json, mcpu = json.dumps(target), target["mcpu"]
     work = tempfile.mkdtemp(prefix="tunecore-bench-search-pairs-")
     path = os.path.join(args.out, "search_pairs.json")
     report = json.load(open(path)) if os.path.exists(path) else {"benchmark": "search_pairs", "rows": {}}
@@ -93,14 +93,17 @@ def main() -> None:
             b, c = np.array(latencies[args.baseline]), np.array(latencies[args.contender])
             print(f"  best {args.contender}/{args.baseline} {c[0] / b[0]:.3f}, "
                   f"top-{TOP_K} mean {c.mean() / b.mean():.3f}", file=sys.stderr)
-        report["rows"][f"{args.contender} vs {args.baseline} {op} {args.trials} {cores} {mcpu}"] = {
+        host_mcpu = report["environment"]["device"]["mcpu"]
+        # a pair built for another CPU than the host's is a row of its own, not a re-run of that CPU's row
+        on_host = "" if host_mcpu == mcpu else f" on {host_mcpu}"
+        report["rows"][f"{args.contender} vs {args.baseline} {op} {args.trials} {cores} {mcpu}{on_host}"] = {
             "baseline": args.baseline, "contender": args.contender,
             "op": op, "trials": args.trials, "cores": cores, "seeds": seeds,
             "best_ratio": [s["top_s"][args.contender][0] / s["top_s"][args.baseline][0] for s in seeds],
             "mean_ratio": [float(np.mean(s["top_s"][args.contender]) / np.mean(s["top_s"][args.baseline]))
                            for s in seeds],
             "command": command_line("search_pairs.py"), "mcpu": mcpu,
-            "host_mcpu": report["environment"]["device"]["mcpu"],
+            "host_mcpu": host_mcpu,
         }
     write_results(args.out, "search_pairs", report, markdown(report))
 
