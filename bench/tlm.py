@@ -9,12 +9,14 @@ The shipped weights were trained without any kernel of resnet-18, mobilenet-v2 o
    the end-to-end estimate (sum over tasks of weight x best) with the best of the first k per task.
 3. `tlm` + `none` with online fine-tuning, `--tlm-trials` trials: its estimate after each trial, and the
    first trial (and wall time) at which it reaches Ansor's estimate after all its trials.
+4. `random` + `none`, `--tlm-trials` trials: the floor TLM must beat at every budget, the same seed.
 
 Estimates in 2 and 3 compare latencies measured in different runs; the machine drifts between them, so
 the best program per task of each (Ansor after all its trials, TLM's best of 32, TLM's run) is also
 re-measured together, in random order over several passes, and those estimates are the headline.
 
     python bench/tlm.py [--networks resnet-18,mobilenet-v2,bert-tiny] [--ansor-trials 1000] [--tlm-trials 300]
+                        [--weights shipped|FILE]
 
 Runs are cached in bench/results/tlm-work/ (delete it to start over); results in bench/results/tlm.{json,md}.
 """
@@ -30,6 +32,7 @@ from tunecore import experiments
 from tunecore.experiments import cached_run, command_line, environment, environment_line, run_tunecore, write_results
 
 K = (1, 10, 32)
+BUDGETS = (50, 100, 200, 300, 1000)  # trials at which the runs' estimates are compared
 
 
 def store_progress(store_file: str, model: str) -> dict:
@@ -68,6 +71,11 @@ def top_k_estimates(progress: dict) -> dict:
     return out
 
 
+def estimate_at(curve: list, trials: int) -> float | None:
+    """The run's estimate after ``trials`` trials (None: fewer trials, or a task not yet measured)."""
+    return curve[trials - 1][2] if len(curve) >= trials else None
+
+
 def first_reaching(curve: list, goal: float) -> tuple[int, float] | None:
     for trials, seconds, estimate in curve:
         if estimate is not None and estimate <= goal:
@@ -103,6 +111,7 @@ def main() -> None:
     parser.add_argument("--ansor-trials", type=int, default=1000)
     parser.add_argument("--tlm-trials", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--weights", default="shipped", help="tlm's weights: shipped (default) or a file")
     args = parser.parse_args()
     work = os.path.join(args.out, "tlm-work")
     os.makedirs(work, exist_ok=True)
@@ -112,10 +121,14 @@ def main() -> None:
     from tunecore_tlm_generator.model import load
     from tunecore_tlm_generator.search import SHIPPED
 
-    report["weights"] = load(SHIPPED)[2].get("trained_on")
+    weights = SHIPPED if args.weights == "shipped" else os.path.abspath(args.weights)
+    metadata = load(weights)[2]
+    report["weights"] = {**metadata["trained_on"], "file": os.path.basename(weights), "stage": metadata.get("stage"),
+                         "base_workloads": len(metadata.get("base", {}).get("workloads", []))}
+    tlm_args = ["-O", f"search.weights={weights}"]
     for network in args.networks.split(","):
         model = f"zoo:{network}"
-        stores = {name: os.path.join(work, f"{network}-{name}.db") for name in ("ansor", "tlm-topk", "tlm")}
+        stores = {name: os.path.join(work, f"{network}-{name}.db") for name in ("ansor", "tlm-topk", "tlm", "random")}
         runs = {
             "ansor": cached_run(done, f"{network}/ansor", lambda: run_tunecore(
                 model, args.ansor_trials, args.seed, search="ansor", cost_model="xgb",
@@ -123,9 +136,14 @@ def main() -> None:
             "tlm-topk": cached_run(done, f"{network}/tlm-topk", lambda: run_tunecore(
                 model, 32 * _task_count(model), args.seed, search="tlm", cost_model="none",
                 store=f"sqlite:{stores['tlm-topk']}",
-                extra_args=["-O", "search.online=false", "--scheduler", "round-robin", "--round-size", "32"])),
+                extra_args=[*tlm_args, "-O", "search.online=false", "--scheduler", "round-robin",
+                            "--round-size", "32"])),
             "tlm": cached_run(done, f"{network}/tlm", lambda: run_tunecore(
-                model, args.tlm_trials, args.seed, search="tlm", cost_model="none", store=f"sqlite:{stores['tlm']}")),
+                model, args.tlm_trials, args.seed, search="tlm", cost_model="none", store=f"sqlite:{stores['tlm']}",
+                extra_args=tlm_args)),
+            "random": cached_run(done, f"{network}/random", lambda: run_tunecore(
+                model, args.tlm_trials, args.seed, search="random", cost_model="none",
+                store=f"sqlite:{stores['random']}")),
         }
         progress = {name: store_progress(path, model) for name, path in stores.items()}
         ansor_final = progress["ansor"]["curve"][-1][2]
@@ -142,6 +160,8 @@ def main() -> None:
             "tlm_trials_to_ansor": reach[0] if reach else None,
             "ansor_trials_to_tlm": _trials(first_reaching(progress["ansor"]["curve"], progress["tlm"]["curve"][-1][2])),
             "tlm_seconds_to_ansor": round(reach[1], 1) if reach else None,
+            "at_trials_ms": {name: {str(n): estimate_at(progress[name]["curve"], n) for n in BUDGETS}
+                             for name in ("ansor", "tlm", "random")},
             "remeasured_ms": together, "remeasure_s": round(time.perf_counter() - started, 1),
             "written": {name: _written(runs[name]["tasks"]) for name in ("tlm-topk", "tlm")},
         }
@@ -185,11 +205,13 @@ def _trials(reached: tuple[int, float] | None) -> int | None:
     return reached[0] if reached else None
 
 
-def _weights_line(trained_on: dict) -> str:
-    return (f"Shipped weights: pre-trained and fine-tuned ({trained_on['programs']} best programs, top "
-            f"{trained_on['top']} per task and device) on {trained_on['tasks']} tasks of "
-            f"{len(trained_on['workloads'])} workloads of `{trained_on['dataset']}`, targets "
-            f"{', '.join(trained_on['targets'])}; excluded: `{trained_on['exclude']}`.")
+def _weights_line(weights: dict) -> str:
+    datasets = ", ".join(weights.get("datasets") or [weights.get("dataset", "?")])
+    stage = weights.get("stage") or "finetuned"
+    if weights.get("round"):
+        stage += f", round {weights['round']}"
+    return (f"Weights `{weights.get('file', 'tlm-cpu.pt')}` ({stage}): fine-tuned on {weights['programs']} best "
+            f"programs of {len(weights['workloads'])} workloads of `{datasets}`; excluded: `{weights['exclude']}`.")
 
 
 def _task_count(model: str) -> int:
@@ -228,13 +250,22 @@ def markdown(report: dict) -> str:
         lines.append(f"| {network} | {row['ansor_trials_to_its_final']} | {cell(row['ansor_wall_s'])} | "
                      f"{cell(row['tlm_trials_to_ansor'])} | {cell(row['tlm_seconds_to_ansor'])} | "
                      f"{cell(row['tlm_estimate_ms'])} | {ratio} | {cell(row.get('ansor_trials_to_tlm'))} |")
+    lines += ["", "## Estimates after the same number of trials (ms, as each run measured them)", "",
+              f"`random`: random search with the same seed, up to {report['tlm_trials']} trials.", "",
+              "| network | run | " + " | ".join(f"{n} trials" for n in BUDGETS) + " |",
+              "|---|---|" + "---:|" * len(BUDGETS)]
+    for network, row in report["networks"].items():
+        for name, at in row.get("at_trials_ms", {}).items():
+            lines.append(f"| {network} | {name} | " + " | ".join(cell(at[str(n)]) for n in BUDGETS) + " |")
     lines += ["", "## The best programs of each, measured together (ms; 4 passes in random order)", "",
-              "| network | ansor+xgb | tlm top-32 | tlm run | tlm top-32 / ansor | tlm run / ansor |",
-              "|---|---:|---:|---:|---:|---:|"]
+              "| network | ansor+xgb | tlm top-32 | tlm run | random | tlm top-32 / ansor | tlm run / ansor | "
+              "tlm run / random |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for network, row in report["networks"].items():
         r = row["remeasured_ms"]
+        versus_random = f"{r['tlm'] / r['random']:.2f}" if "random" in r else "-"
         lines.append(f"| {network} | {cell(r['ansor'])} | {cell(r['tlm-topk'])} | {cell(r['tlm'])} | "
-                     f"{r['tlm-topk'] / r['ansor']:.2f} | {r['tlm'] / r['ansor']:.2f} |")
+                     f"{cell(r.get('random'))} | {r['tlm-topk'] / r['ansor']:.2f} | {r['tlm'] / r['ansor']:.2f} | "
+                     f"{versus_random} |")
     lines += ["", "## What the model wrote (tasks with decisions)", "",
               "| network | run | programs written | invalid | compute location moved | measured (distinct, new) | "
               "distinct share |", "|---|---|---:|---:|---:|---:|---:|"]
