@@ -82,7 +82,7 @@ def tlm_rows(dataset) -> dict:
     from tunecore_tlm_generator.training import Sketches, best_programs, task_targets
 
     _, vocab, metadata = lm.load(SHIPPED)
-    excluded = {w for w in metadata["trained_on"]["exclude"].split(",") if w}
+    excluded = set(lm.held_out_workloads(metadata))
     pairs = [(task, target) for task, target in task_targets(dataset) if excluded & set(task.workloads)]
     sketches = Sketches()
     programs = [(p, d) for p, d, _ in best_programs(dataset, sketches, pairs, top=1)]

@@ -118,13 +118,14 @@ def main() -> None:
     done = os.path.join(work, "runs.json")
     report = {"command": command_line("tlm.py"), "environment": environment(), "ansor_trials": args.ansor_trials,
               "tlm_trials": args.tlm_trials, "networks": {}}
-    from tunecore_tlm_generator.model import load
+    from tunecore_tlm_generator import model as lm
     from tunecore_tlm_generator.search import SHIPPED
 
     weights = SHIPPED if args.weights == "shipped" else os.path.abspath(args.weights)
-    metadata = load(weights)[2]
-    report["weights"] = {**metadata["trained_on"], "file": os.path.basename(weights), "stage": metadata.get("stage"),
-                         "base_workloads": len(metadata.get("base", {}).get("workloads", []))}
+    metadata = lm.load(weights)[2]
+    report["weights"] = {**metadata["trained_on"], "exclude": ",".join(lm.held_out_workloads(metadata)),
+                         "file": os.path.basename(weights), "stage": metadata.get("stage"),
+                         "round": metadata.get("round")}
     tlm_args = ["-O", f"search.weights={weights}"]
     for network in args.networks.split(","):
         model = f"zoo:{network}"

@@ -361,6 +361,7 @@ def test_the_loop_writes_measures_and_fine_tunes_in_rounds_and_resumes(tmp_path)
     assert len(programs.rows) >= 6 and {r.collected_by for r in programs.rows} == {"tlm"}
     _, _, metadata = lm.load(out)
     assert metadata["stage"] == "loop" and metadata["round"] == 2 and os.path.exists(out + ".round1.pt")
+    assert lm.held_out_workloads(metadata) == ["op:matmul-128"] and metadata["base"]["tasks"] > 0  # what it came from
     again = cli_json(run_cli(*args))
     assert again["rounds"] == rounds and len(Dataset.load(result["programs"]).rows) == len(programs.rows)
     keys = [(r.task_key, r.program_key) for r in programs.rows]

@@ -16,19 +16,15 @@ from tunecore_tlm_generator.training import Sketches, best_programs, task_target
 from tunecore.dataset.table import Dataset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-DATASET = os.path.join(ROOT, "datasets", "cpu-programs.parquet")
-
-
-def held_out_workloads(metadata: dict) -> set[str]:
-    return {w for w in metadata["trained_on"]["exclude"].split(",") if w}
 
 
 @pytest.fixture(scope="module")
 def held_out_best() -> list:
     """(prompt, decisions) of the fastest measured program of every third held-out task, on every device."""
     _, _, metadata = lm.load(SHIPPED)
-    excluded = held_out_workloads(metadata)
-    dataset = Dataset.load(DATASET)
+    excluded = set(lm.held_out_workloads(metadata))
+    trained_on = metadata["trained_on"]
+    dataset = Dataset.load(os.path.join(ROOT, "datasets", (trained_on.get("datasets") or [trained_on["dataset"]])[0]))
     pairs = [(task, target) for task, target in task_targets(dataset) if excluded & set(task.workloads)]
     return [(prompt, decisions) for prompt, decisions, _ in best_programs(dataset, Sketches(), pairs[::3], top=1)]
 
@@ -37,7 +33,7 @@ def held_out_best() -> list:
 def test_shipped_weights_hold_out_networks_and_write_their_best_programs_far_likelier_than_untrained(
         path, held_out_best):
     model, vocab, metadata = lm.load(path)
-    excluded = held_out_workloads(metadata)
+    excluded = set(lm.held_out_workloads(metadata))
     trained = set(metadata["trained_on"]["workloads"]) | set(metadata.get("base", {}).get("workloads", []))
     assert excluded >= {"zoo:resnet-18", "zoo:mobilenet-v2", "zoo:bert-tiny"} and not excluded & trained
     examples = [e for prompt, decisions in held_out_best if (e := lm.encode_example(prompt, decisions, vocab))]

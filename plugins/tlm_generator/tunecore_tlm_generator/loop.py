@@ -133,7 +133,7 @@ def _round(plan: LoopPlan, round_: int, base: str, vocab: Any, datasets: list, p
     teachers = _merged([*datasets, *(Dataset.load(path) for path in plan.teachers), loop_programs])
     best = best_programs(teachers, sketches, _wanted(task_targets(teachers, plan.exclude), plan.kernels), plan.top,
                          per_sketch=True)
-    model, _, _ = lm.load(base)
+    model, _, base_metadata = lm.load(base)
     examples = _encoded([(p, d) for p, d, _ in best], vocab, model)
     if not examples:
         raise UsageError("no measured program of a sketch TLM can write to learn from")
@@ -141,9 +141,10 @@ def _round(plan: LoopPlan, round_: int, base: str, vocab: Any, datasets: list, p
     settings = {"base": os.path.abspath(base), "round": round_, "examples": len(examples), "seed": plan.seed}
     train(model, examples, steps, batch_size=plan.batch_size, lr=plan.lr, schedule="constant",
           seed=plan.seed + round_, checkpoint=weights + CHECKPOINT, settings=settings, on_progress=on_progress)
-    lm.save(weights, model, vocab, {"stage": "loop", "round": round_, "trained_on": {
-        "datasets": [os.path.basename(p) for p in plan.datasets], "exclude": ",".join(plan.exclude),
-        "workloads": models, "programs": len(examples), "steps": steps}})
+    trained_on = {"datasets": [os.path.basename(p) for p in plan.datasets], "exclude": sorted(plan.exclude),
+                  "workloads": models, "programs": len(examples), "steps": steps}
+    lm.save(weights, model, vocab, {"stage": "loop", "round": round_, "base": base_metadata.get("trained_on", {}),
+                                    "trained_on": trained_on})
     remove_checkpoints(weights)
     return {"round": round_, "weights": weights, **_round_programs(loop_programs, started_at),
             "examples": len(examples), "steps": steps, **_held_out_losses(model, vocab, held_out)}

@@ -313,6 +313,12 @@ def load(path: str) -> tuple[GPT, Vocabulary, dict[str, Any]]:
     return model, vocab, metadata
 
 
+def held_out_workloads(metadata: dict[str, Any]) -> list[str]:
+    """The workloads weights were trained without (``--exclude``); files of 2026-11-24 hold them comma-joined."""
+    exclude = metadata.get("trained_on", {}).get("exclude") or []
+    return sorted(w for w in (exclude.split(",") if isinstance(exclude, str) else exclude) if w)
+
+
 def new_model(vocab: Vocabulary, seed: int, **sizes: int) -> GPT:
     torch.manual_seed(seed)
     return GPT(Config(vocab_size=len(vocab), **sizes))
