@@ -41,17 +41,35 @@ def predicted(model: str, target: str, store: str, weights: str) -> dict:
     return json.loads(out)
 
 
-def seconds_per_flop(dataset_path: str, device: str, held_out: set[str]) -> float:
+def seconds_per_flop(dataset, device: str, held_out: set[str]) -> float:
     """Median seconds per FLOP of the device's measured programs outside the held-out workloads."""
-    from tunecore.dataset.table import Dataset
-
-    dataset = Dataset.load(dataset_path)
     ratios = [row.latency / task.flops for row in dataset.rows
               if row.latency is not None and row.device_id == device
               and (task := dataset.tasks[row.task_key]).flops and not held_out & set(task.workloads)]
     if not ratios:
-        raise SystemExit(f"{dataset_path} has no programs of device {device}: collect on this CPU first")
+        raise SystemExit(f"the dataset has no programs of device {device}: collect on this CPU first")
     return float(np.median(ratios))
+
+
+def fast_end(dataset, device: str, networks: set[str], weights: str) -> dict:
+    """cdmpp's prediction over the measurement on the networks' dataset programs of this device (geometric mean):
+    over all of them, and over each task's fastest, the program a tuned network is made of."""
+    from tunecore_cdmpp_predictor.costmodel import CDMPPModel
+
+    from tunecore.dataset.evaluate import measured_groups
+
+    model = CDMPPModel(weights=weights, online=False)
+    rows = [r for r in dataset.rows if r.latency is not None and r.device_id == device
+            and networks & set(dataset.tasks[r.task_key].workloads)]
+    every, fastest = [], []
+    for task, candidates, results, description in measured_groups(dataset, rows):
+        model.device = description
+        log_ratio = np.log(np.asarray(model.predict_latency(task, candidates), dtype=float)
+                           / np.array([r.latency for r in results]))
+        every += list(log_ratio)
+        fastest.append(log_ratio[int(np.argmin([r.latency for r in results]))])
+    return {"programs": len(every), "tasks": len(fastest), "all": float(np.exp(np.mean(every))),
+            "fastest": float(np.exp(np.mean(fastest))), "fastest_median": float(np.exp(np.median(fastest)))}
 
 
 def flops_estimate_ms(model: str, target, per_flop: float) -> float:
@@ -83,14 +101,19 @@ def main() -> None:
     trained_on = CDMPPModel(weights=weights, online=False).predictor.trained_on
     split = trained_on.get("split", "")
     held_out = set(split[len("workload:"):].split(",")) if split.startswith("workload:") else set()
-    per_flop = seconds_per_flop(args.dataset, device, held_out | {f"zoo:{n}" for n in args.networks.split(",")})
+    from tunecore.dataset.table import Dataset
+
+    dataset = Dataset.load(args.dataset)
+    networks = {f"zoo:{n}" for n in args.networks.split(",")}
+    per_flop = seconds_per_flop(dataset, device, held_out | networks)
     work = os.path.join(args.out, "predict-work")
     os.makedirs(work, exist_ok=True)
     done = os.path.join(work, "runs.json")
     report = {"command": command_line("predict.py"), "environment": environment(target), "trials": args.trials,
               "passes": args.passes, "weights": {"file": args.weights, "split": trained_on.get("split"),
                                                  "devices": sorted(trained_on.get("devices", {}))},
-              "device_seen": device in trained_on.get("devices", {}), "seconds_per_flop": per_flop, "networks": {}}
+              "device_seen": device in trained_on.get("devices", {}), "seconds_per_flop": per_flop,
+              "dataset_fast_end": fast_end(dataset, device, networks, weights), "networks": {}}
     for network in args.networks.split(","):
         model = f"zoo:{network}"
         store = os.path.join(work, f"{network}-ansor.db")
@@ -151,6 +174,11 @@ def markdown(report: dict) -> str:
     if ratios:
         lines += ["", "cdmpp's prediction over the task's own timing, per tuned task (geometric mean, min-max): "
                   + "; ".join(ratios) + "."]
+    if fast := report.get("dataset_fast_end"):
+        lines += ["", f"On the same networks' {fast['programs']} programs of this device in the dataset "
+                  f"({fast['tasks']} tasks), cdmpp's prediction over the measurement (geometric mean): "
+                  f"{fast['all']:.2f} over all of them, {fast['fastest']:.2f} over each task's fastest (median "
+                  f"{fast['fastest_median']:.2f})."]
     notes = {r[s]["device_note"] for r in report["networks"].values() for s in ("tuned", "untuned")} - {None}
     lines += [""] + [f"cdmpp said: {note}" for note in sorted(notes)]
     return "\n".join(lines) + "\n"

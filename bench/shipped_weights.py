@@ -65,9 +65,10 @@ def cdmpp_rows(dataset, seed: int) -> dict:
             rows[name] = {**held_out_metrics(model, test, weights, seed),
                           "seconds": round(time.perf_counter() - started, 1)}
         latencies = [np.array([r.latency for r in results]) for _, _, results, _ in test]
-        seconds_per_flop = np.median(per_flop[device])
-        flops_guess = [np.full(len(lat), seconds_per_flop * task.flops) for lat, (task, *_) in zip(latencies, test)]
-        rows["FLOPs constant"] = guess_metrics(latencies, flops_guess, weights, seed)
+        if per_flop[device]:  # a device whose every program is held out has no training side to take it from
+            seconds_per_flop = np.median(per_flop[device])
+            flops_guess = [np.full(len(lat), seconds_per_flop * task.flops) for lat, (task, *_) in zip(latencies, test)]
+            rows["FLOPs constant"] = guess_metrics(latencies, flops_guess, weights, seed)
         rows["per-task constant (floor)"] = constant_floor(test, parts, seed)
         devices[device] = {"device": describe_device(dataset.devices[device]), "seen": device in trained_on["devices"],
                            "groups": len(test), "programs": int(sum(map(len, latencies))), "rows": rows}
