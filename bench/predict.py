@@ -51,14 +51,11 @@ def seconds_per_flop(dataset, device: str, held_out: set[str]) -> float:
     return float(np.median(ratios))
 
 
-def fast_end(dataset, device: str, networks: set[str], weights: str) -> dict:
+def fast_end(dataset, device: str, networks: set[str], model) -> dict:
     """cdmpp's prediction over the measurement on the networks' dataset programs of this device (geometric mean):
     over all of them, and over each task's fastest, the program a tuned network is made of."""
-    from tunecore_cdmpp_predictor.costmodel import CDMPPModel
-
     from tunecore.dataset.evaluate import measured_groups
 
-    model = CDMPPModel(weights=weights, online=False)
     rows = [r for r in dataset.rows if r.latency is not None and r.device_id == device
             and networks & set(dataset.tasks[r.task_key].workloads)]
     every, fastest = [], []
@@ -98,7 +95,8 @@ def main() -> None:
     target_spec = target_to_json(target)
     device = device_id(device_descriptor(target))
     weights = "shipped" if args.weights == "shipped" else os.path.abspath(args.weights)
-    trained_on = CDMPPModel(weights=weights, online=False).predictor.trained_on
+    cdmpp = CDMPPModel(weights=weights, online=False)
+    trained_on = cdmpp.predictor.trained_on
     split = trained_on.get("split", "")
     held_out = set(split[len("workload:"):].split(",")) if split.startswith("workload:") else set()
     from tunecore.dataset.table import Dataset
@@ -113,7 +111,7 @@ def main() -> None:
               "passes": args.passes, "weights": {"file": args.weights, "split": trained_on.get("split"),
                                                  "devices": sorted(trained_on.get("devices", {}))},
               "device_seen": device in trained_on.get("devices", {}), "seconds_per_flop": per_flop,
-              "dataset_fast_end": fast_end(dataset, device, networks, weights), "networks": {}}
+              "dataset_fast_end": fast_end(dataset, device, networks, cdmpp), "networks": {}}
     for network in args.networks.split(","):
         model = f"zoo:{network}"
         store = os.path.join(work, f"{network}-ansor.db")
