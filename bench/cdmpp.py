@@ -2,7 +2,7 @@
 
     python bench/cdmpp.py [--dataset datasets/cpu-programs-v2.parquet] [--cost-model cdmpp,xgb]
                           [--finetune-tasks 10] [--finetune-per-task 16] [--held-out-device ID]
-                          [--rank-weight W]
+                          [--rank-weight W] [--splits cross-model,protocol,cross-device,fine-tuned] [--name NAME]
 
 Everything goes through `tunecore costmodel eval`'s own code (tunecore.dataset.evaluate), each model
 reset first, so the shipped weights do not see the test side:
@@ -18,8 +18,9 @@ reset first, so the shipped weights do not see the test side:
   ``finetune-per-task`` measured programs of each of ``finetune-tasks`` tasks of the held-out device,
   the tasks chosen by CDMPP's KMeans selection (those tasks then leave the test side).
 
-Also times scoring 2,048 new programs of one task with each model, features included. Writes
-bench/results/cdmpp.json and .md.
+Also times scoring 2,048 new programs of one task with each model, features included (when both run).
+Writes bench/results/<name>.json and .md (default cdmpp; a variant such as ``--rank-weight 1 --splits
+cross-model,protocol`` is named apart so that it sits beside the default run).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ CROSS_MODEL = "workload:zoo:resnet-18,zoo:mobilenet-v2,zoo:bert-tiny"
 COLUMNS = ("mape", "mape_task_normalised", "rmse_ms", "spearman", "pairwise_accuracy", "recall@1", "recall@5",
            "top1_score", "top5_score",
            "train_s", "predict_programs_per_s")
+SPLITS = ("cross-model", "protocol", "cross-device", "fine-tuned")  # --splits names, in the report's order
 
 
 def kmeans_tasks(dataset: Dataset, device: str, k: int, seed: int) -> list[str]:
@@ -89,8 +91,14 @@ def main() -> None:
                              "dataset v1 has too few programs per task: give 64 or 0 for whole tasks)")
     parser.add_argument("--rank-weight", type=float, default=0.0,
                         help="cdmpp's ranking term within tasks (its option rank_weight; default 0)")
+    parser.add_argument("--splits", default=",".join(SPLITS),
+                        help=f"which splits, of {','.join(SPLITS)} (default: all)")
+    parser.add_argument("--name", default="cdmpp", help="results file name (default cdmpp)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    wanted = [s.strip() for s in args.splits.split(",") if s.strip()]
+    if not wanted or set(wanted) - set(SPLITS):
+        parser.error(f"--splits {args.splits}: expected some of {','.join(SPLITS)}")
 
     dataset = Dataset.load(args.dataset)
     info = dataset.info()
@@ -99,13 +107,15 @@ def main() -> None:
     held_out = device_of(dataset, args.held_out_device) if args.held_out_device else devices[-1]
     models = [m.strip() for m in args.cost_model.split(",") if m.strip()]
     cross_device = split(dataset, f"device:{held_out}", args.seed)
-    chosen = kmeans_tasks(dataset, primary, args.finetune_tasks, args.seed)
+    chosen = kmeans_tasks(dataset, primary, args.finetune_tasks, args.seed) if "fine-tuned" in wanted else []
     splits = {
         "cross-model": split(dataset, CROSS_MODEL, args.seed, devices=[primary]),
         "CDMPP's protocol": split(dataset, seed=args.seed, devices=[primary], **CDMPP_PROTOCOL),
         "cross-device": cross_device,
-        "cross-device, fine-tuned": with_fine_tuning(cross_device, chosen, args.finetune_per_task, args.seed),
     }
+    if chosen:
+        splits["cross-device, fine-tuned"] = with_fine_tuning(cross_device, chosen, args.finetune_per_task, args.seed)
+    splits = {title: s for (title, s), key in zip(splits.items(), SPLITS) if key in wanted}
     report = {
         "command": command_line("cdmpp.py"),
         "environment": environment(),
@@ -116,9 +126,10 @@ def main() -> None:
                                    group_size=ranking_group_size(s.spec, args.group_size),
                                    options={"cdmpp": {"rank_weight": args.rank_weight}})
                     for name, s in splits.items()},
-        "scoring": scoring_time(dataset, primary, args.scoring_task, 2048, args.seed),
     }
-    write_results(args.out, "cdmpp", report, markdown(report))
+    if {"cdmpp", "xgb"} <= set(models):
+        report["scoring"] = scoring_time(dataset, primary, args.scoring_task, 2048, args.seed)
+    write_results(args.out, args.name, report, markdown(report))
 
 
 def markdown(report: dict) -> str:
@@ -134,7 +145,9 @@ def markdown(report: dict) -> str:
         "",
     ]
     lines += split_tables(report["results"], COLUMNS)
-    scoring = report["scoring"]
+    scoring = report.get("scoring")
+    if scoring is None:
+        return "\n".join(lines)
     lines += ["## Scoring", "",
               f"{scoring['programs']} new programs of `{scoring['task']}`, features included (best of 2): "
               + ", ".join(f"{name} {s:.2f} s" for name, s in scoring["seconds"].items())
