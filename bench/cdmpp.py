@@ -138,8 +138,8 @@ def markdown(report: dict) -> str:
         "# CDMPP beside xgb on the shipped dataset",
         "",
         f"{dataset_line(data)}; cross-model on {data['devices'][data['primary']]}, cross-device "
-        f"holds out {data['devices'][data['held_out_device']]}. Fine-tuning tasks (KMeans): "
-        f"{', '.join(report['finetune_tasks'])}.",
+        f"holds out {data['devices'][data['held_out_device']]}."
+        + (f" Fine-tuning tasks (KMeans): {', '.join(report['finetune_tasks'])}." if report["finetune_tasks"] else ""),
         f"Command: `{report['command']}`. Paper (TenSet, GPUs and CPUs): 14.03% MAPE cross-model, 10.85% "
         f"cross-device. cdmpp's ranking term: rank_weight {report.get('cdmpp_options', {}).get('rank_weight', 0)}.",
         "",
