@@ -16,7 +16,8 @@ reset first, so the shipped weights do not see the test side:
 - cross-device: one device held out (default: the one with the fewest measurements), trained on the
   others' measurements of the same programs; without fine-tuning, and with fine-tuning on
   ``finetune-per-task`` measured programs of each of ``finetune-tasks`` tasks of the held-out device,
-  the tasks chosen by CDMPP's KMeans selection (those tasks then leave the test side).
+  the tasks chosen by CDMPP's KMeans selection among the tasks the held-out device has that many programs of
+  (those tasks then leave the test side).
 
 Also times scoring 2,048 new programs of one task with each model, features included (when both run).
 Writes bench/results/<name>.json and .md (default cdmpp; a variant such as ``--rank-weight 1 --splits
@@ -24,6 +25,8 @@ cross-model,protocol`` is named apart so that it sits beside the default run).
 """
 
 from __future__ import annotations
+
+import collections
 
 from tunecore import experiments
 from tunecore.dataset.evaluate import evaluate, measured_groups
@@ -38,13 +41,14 @@ COLUMNS = ("mape", "mape_task_normalised", "rmse_ms", "spearman", "pairwise_accu
 SPLITS = ("cross-model", "protocol", "cross-device", "fine-tuned")  # --splits names, in the report's order
 
 
-def kmeans_tasks(dataset: Dataset, device: str, k: int, seed: int) -> list[str]:
-    """CDMPP's KMeans choice of ``k`` tasks, from up to 16 programs per task measured on ``device``."""
+def kmeans_tasks(dataset: Dataset, device: str, k: int, seed: int, among: set[str]) -> list[str]:
+    """CDMPP's KMeans choice of ``k`` of the tasks ``among``, from up to 16 programs per task measured on ``device``."""
     from tunecore_cdmpp_predictor.adapt import first_programs_per_task, select_tasks
     from tunecore_cdmpp_predictor.features import CompactASTs
 
     asts = CompactASTs(threads=2)
-    rows = first_programs_per_task([r for r in dataset.rows if r.device_id == device and r.latency is not None], 16)
+    rows = first_programs_per_task([r for r in dataset.rows if r.device_id == device and r.latency is not None
+                                    and r.task_key in among], 16)
     programs = {task.workload_hash: [a for a in asts(task, candidates) if a is not None]
                 for task, candidates, _, _ in measured_groups(dataset, rows)}
     return select_tasks(programs, k, seed)
@@ -107,7 +111,10 @@ def main() -> None:
     held_out = device_of(dataset, args.held_out_device) if args.held_out_device else devices[-1]
     models = [m.strip() for m in args.cost_model.split(",") if m.strip()]
     cross_device = split(dataset, f"device:{held_out}", args.seed)
-    chosen = kmeans_tasks(dataset, primary, args.finetune_tasks, args.seed) if "fine-tuned" in wanted else []
+    # only tasks the held-out device measured enough of can be fine-tuned on: a user measures the chosen tasks there
+    measured_there = collections.Counter(r.task_key for r in cross_device.test if r.latency is not None)
+    among = {key for key, n in measured_there.items() if n >= args.finetune_per_task}
+    chosen = kmeans_tasks(dataset, primary, args.finetune_tasks, args.seed, among) if "fine-tuned" in wanted else []
     splits = {
         "cross-model": split(dataset, CROSS_MODEL, args.seed, devices=[primary]),
         "CDMPP's protocol": split(dataset, seed=args.seed, devices=[primary], **CDMPP_PROTOCOL),
