@@ -41,16 +41,6 @@ def predicted(model: str, target: str, store: str, weights: str) -> dict:
     return json.loads(out)
 
 
-def seconds_per_flop(dataset, device: str, held_out: set[str]) -> float:
-    """Median seconds per FLOP of the device's measured programs outside the held-out workloads."""
-    ratios = [row.latency / task.flops for row in dataset.rows
-              if row.latency is not None and row.device_id == device
-              and (task := dataset.tasks[row.task_key]).flops and not held_out & set(task.workloads)]
-    if not ratios:
-        raise SystemExit(f"the dataset has no programs of device {device}: collect on this CPU first")
-    return float(np.median(ratios))
-
-
 def fast_end(dataset, device: str, networks: set[str], model) -> dict:
     """cdmpp's prediction over the measurement on the networks' dataset programs of this device (geometric mean):
     over all of them, and over each task's fastest, the program a tuned network is made of."""
@@ -99,11 +89,16 @@ def main() -> None:
     trained_on = cdmpp.predictor.trained_on
     split = trained_on.get("split", "")
     held_out = set(split[len("workload:"):].split(",")) if split.startswith("workload:") else set()
+    from tunecore.dataset.evaluate import seconds_per_flop
     from tunecore.dataset.table import Dataset
 
     dataset = Dataset.load(args.dataset)
     networks = {f"zoo:{n}" for n in args.networks.split(",")}
-    per_flop = seconds_per_flop(dataset, device, held_out | networks)
+    unseen = held_out | networks
+    per_flop = seconds_per_flop(dataset, [r for r in dataset.rows
+                                          if not unseen & set(dataset.tasks[r.task_key].workloads)], device)
+    if per_flop is None:
+        raise SystemExit(f"the dataset has no programs of device {device}: collect on this CPU first")
     work = os.path.join(args.out, "predict-work")
     os.makedirs(work, exist_ok=True)
     done = os.path.join(work, "runs.json")

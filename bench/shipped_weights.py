@@ -41,7 +41,13 @@ def cdmpp_rows(dataset, seed: int) -> dict:
     from tunecore_cdmpp_predictor.costmodel import CDMPPModel
     from tunecore_cdmpp_predictor.model import Predictor
 
-    from tunecore.dataset.evaluate import constant_floor, guess_metrics, held_out_metrics, measured_groups
+    from tunecore.dataset.evaluate import (
+        constant_floor,
+        guess_metrics,
+        held_out_metrics,
+        measured_groups,
+        seconds_per_flop,
+    )
     from tunecore.dataset.split import split
     from tunecore.dataset.table import describe_device
 
@@ -51,10 +57,6 @@ def cdmpp_rows(dataset, seed: int) -> dict:
     untrained = CDMPPModel(weights="none", online=False)
     untrained.predictor = Predictor(shipped.predictor.arch, seed=seed + 1)
     untrained.predictor.normalizer = shipped.predictor.normalizer
-    per_flop = collections.defaultdict(list)
-    for row in parts.train:
-        if row.latency is not None and dataset.tasks[row.task_key].flops:
-            per_flop[row.device_id].append(row.latency / dataset.tasks[row.task_key].flops)
     devices = {}
     for device in sorted({r.device_id for r in parts.test if r.latency is not None}):
         test = measured_groups(dataset, [r for r in parts.test if r.latency is not None and r.device_id == device])
@@ -65,9 +67,9 @@ def cdmpp_rows(dataset, seed: int) -> dict:
             rows[name] = {**held_out_metrics(model, test, weights, seed),
                           "seconds": round(time.perf_counter() - started, 1)}
         latencies = [np.array([r.latency for r in results]) for _, _, results, _ in test]
-        if per_flop[device]:  # a device whose every program is held out has no training side to take it from
-            seconds_per_flop = np.median(per_flop[device])
-            flops_guess = [np.full(len(lat), seconds_per_flop * task.flops) for lat, (task, *_) in zip(latencies, test)]
+        per_flop = seconds_per_flop(dataset, parts.train, device)
+        if per_flop is not None:  # a device whose every program is held out has no training side to take it from
+            flops_guess = [np.full(len(lat), per_flop * task.flops) for lat, (task, *_) in zip(latencies, test)]
             rows["FLOPs constant"] = guess_metrics(latencies, flops_guess, weights, seed)
         rows["per-task constant (floor)"] = constant_floor(test, parts, seed)
         devices[device] = {"device": describe_device(dataset.devices[device]), "seen": device in trained_on["devices"],

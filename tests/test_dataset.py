@@ -200,6 +200,16 @@ def test_the_floor_is_the_per_task_constant_with_the_lowest_mape():
     assert best_constant(np.array([2.0])) == 2.0
 
 
+def test_seconds_per_flop_is_the_devices_median_over_the_rows_given():
+    from tunecore.dataset.evaluate import seconds_per_flop
+
+    dataset = _synthetic()  # every task 1 FLOP, programs of 1-4 ms on each device
+    dataset.add(Measurement("A", "failed", "[]", "d1", '{"kind": "llvm"}', None, error="build"))
+    assert seconds_per_flop(dataset, dataset.rows, "d1") == 2.5e-3
+    assert seconds_per_flop(dataset, [r for r in dataset.rows if r.program_key == "p0"], "d2") == 1e-3
+    assert seconds_per_flop(dataset, dataset.rows, "unmeasured") is None
+
+
 class _ConstantLatency(CostModel):
     """Predicts 1 ms for everything: its error in seconds is known exactly."""
 

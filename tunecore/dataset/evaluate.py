@@ -112,6 +112,14 @@ def best_scale(latencies: np.ndarray, predicted: np.ndarray) -> float:
     return weighted_median(latencies / predicted, predicted / latencies)
 
 
+def seconds_per_flop(dataset: Dataset, rows: Sequence[Measurement], device: str) -> float | None:
+    """The median seconds per FLOP of ``device``'s measured programs among ``rows``: the one number of the
+    FLOPs-constant baseline (weight x FLOPs x it); None when the device has none there."""
+    ratios = [r.latency / dataset.tasks[r.task_key].flops for r in rows
+              if r.latency is not None and r.device_id == device and dataset.tasks[r.task_key].flops]
+    return float(np.median(ratios)) if ratios else None
+
+
 def noise_ceiling(test: list, split: Split, seed: int) -> dict[str, Any]:
     """The metrics of the tested programs' second labels as a prediction of their first, on the programs that
     have one."""

@@ -15,7 +15,7 @@ import pytest
 from tunecore_cdmpp_predictor.costmodel import CDMPPModel
 from tunecore_cdmpp_predictor.model import Predictor
 
-from tunecore.dataset.evaluate import held_out_metrics, latency_metrics, measured_groups
+from tunecore.dataset.evaluate import held_out_metrics, latency_metrics, measured_groups, seconds_per_flop
 from tunecore.dataset.split import split
 from tunecore.dataset.table import Dataset
 
@@ -36,9 +36,8 @@ def held_out() -> dict:
     primary = collections.Counter(r.device_id for r in dataset.rows).most_common(1)[0][0]
     tasks = sorted({r.task_key for r in parts.test if r.device_id == primary})[::3]
     rows = [r for r in parts.test if r.device_id == primary and r.task_key in tasks and r.latency is not None]
-    per_flop = np.median([r.latency / dataset.tasks[r.task_key].flops for r in parts.train
-                          if r.device_id == primary and r.latency is not None and dataset.tasks[r.task_key].flops])
-    return {"model": shipped, "groups": measured_groups(dataset, rows), "per_flop": per_flop}
+    return {"model": shipped, "groups": measured_groups(dataset, rows),
+            "per_flop": seconds_per_flop(dataset, parts.train, primary)}
 
 
 def untrained_like(shipped: CDMPPModel) -> CDMPPModel:
