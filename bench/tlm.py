@@ -10,13 +10,17 @@ The shipped weights were trained without any kernel of resnet-18, mobilenet-v2 o
 3. `tlm` + `none` with online fine-tuning, `--tlm-trials` trials: its estimate after each trial, and the
    first trial (and wall time) at which it reaches Ansor's estimate after all its trials.
 4. `random` + `none`, `--tlm-trials` trials: the floor TLM must beat at every budget, the same seed.
+5. With ``--seeds N``, runs 3 and 4 again at the next N - 1 seeds, each pair's best programs re-measured
+   together with Ansor's: whether TLM stays below random search beyond the spread of seeds.
 
 Estimates in 2 and 3 compare latencies measured in different runs; the machine drifts between them, so
 the best program per task of each (Ansor after all its trials, TLM's best of 32, TLM's run) is also
 re-measured together, in random order over several passes, and those estimates are the headline.
 
     python bench/tlm.py [--networks resnet-18,mobilenet-v2,bert-tiny] [--ansor-trials 1000] [--tlm-trials 300]
-                        [--weights shipped|FILE]
+                        [--weights shipped|FILE] [--seed 0] [--seeds 1]
+
+A network is a zoo name or any --model value with its prefix (e.g. corpus:swin, one no dataset holds).
 
 Runs are cached in bench/results/tlm-work/ (delete it to start over); results in bench/results/tlm.{json,md}.
 """
@@ -111,6 +115,8 @@ def main() -> None:
     parser.add_argument("--ansor-trials", type=int, default=1000)
     parser.add_argument("--tlm-trials", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", type=int, default=1,
+                        help="seeds of the tlm and random runs: --seed, --seed + 1, ... (ansor and top-k: --seed only)")
     parser.add_argument("--weights", default="shipped", help="tlm's weights: shipped (default) or a file")
     args = parser.parse_args()
     work = os.path.join(args.out, "tlm-work")
@@ -127,9 +133,12 @@ def main() -> None:
                          "file": os.path.basename(weights), "stage": metadata.get("stage"),
                          "round": metadata.get("round")}
     tlm_args = ["-O", f"search.weights={weights}"]
+    if args.seeds < 1:
+        parser.error(f"--seeds {args.seeds}: at least 1")
     for network in args.networks.split(","):
-        model = f"zoo:{network}"
-        stores = {name: os.path.join(work, f"{network}-{name}.db") for name in ("ansor", "tlm-topk", "tlm", "random")}
+        model = network if ":" in network else f"zoo:{network}"
+        slug = network.replace(":", "_")
+        stores = {name: os.path.join(work, f"{slug}-{name}.db") for name in ("ansor", "tlm-topk", "tlm", "random")}
         runs = {
             "ansor": cached_run(done, f"{network}/ansor", lambda: run_tunecore(
                 model, args.ansor_trials, args.seed, search="ansor", cost_model="xgb",
@@ -166,9 +175,30 @@ def main() -> None:
             "remeasured_ms": together, "remeasure_s": round(time.perf_counter() - started, 1),
             "written": {name: _written(runs[name]["tasks"]) for name in ("tlm-topk", "tlm")},
         }
+        row["seeds"] = {str(args.seed): {"at_trials_ms": {n: row["at_trials_ms"][n] for n in ("tlm", "random")},
+                                         "remeasured_ms": {n: together[n] for n in ("ansor", "tlm", "random")}}}
+        for seed in range(args.seed + 1, args.seed + args.seeds):
+            row["seeds"][str(seed)] = against_random(model, network, seed, args.tlm_trials, tlm_args,
+                                                     stores["ansor"], work, done)
         report["networks"][network] = row
     report["sentences"] = cached_run(done, "sentences/resnet-50", lambda: sentence_lengths("zoo:resnet-50"))
     write_results(args.out, "tlm", report, markdown(report))
+
+
+def against_random(model: str, network: str, seed: int, trials: int, tlm_args: list[str], ansor_store: str,
+                   work: str, done: str) -> dict:
+    """tlm and random search at another seed: their estimates per budget, and their best programs re-measured
+    together with Ansor's."""
+    slug = network.replace(":", "_")
+    stores = {name: os.path.join(work, f"{slug}-{name}-seed{seed}.db") for name in ("tlm", "random")}
+    cached_run(done, f"{network}/tlm/seed{seed}", lambda: run_tunecore(
+        model, trials, seed, search="tlm", cost_model="none", store=f"sqlite:{stores['tlm']}", extra_args=tlm_args))
+    cached_run(done, f"{network}/random/seed{seed}", lambda: run_tunecore(
+        model, trials, seed, search="random", cost_model="none", store=f"sqlite:{stores['random']}"))
+    curves = {name: store_progress(path, model)["curve"] for name, path in stores.items()}
+    return {"at_trials_ms": {name: {str(n): estimate_at(curve, n) for n in BUDGETS} for name, curve in curves.items()},
+            "remeasured_ms": cached_run(done, f"{network}/remeasured/seed{seed}",
+                                        lambda: remeasured(model, {"ansor": ansor_store, **stores}))}
 
 
 def sentence_lengths(model: str) -> dict:
@@ -222,6 +252,46 @@ def _task_count(model: str) -> int:
     return len(extract_tasks(load_workload(model), resolve_target("llvm")))
 
 
+def seeds_markdown(report: dict) -> list[str]:
+    """tlm against random search over the seeds (min-max), where the report has more than one."""
+    from tunecore.cli.render import cell
+
+    def span(values: list, form=cell) -> str:
+        if not values or None in values:
+            return "-"
+        low, high = form(min(values)), form(max(values))
+        return low if low == high else f"{low}-{high}"
+
+    ratio = "{:.2f}".format
+    rows = {network: list(row["seeds"].values()) for network, row in report["networks"].items()
+            if len(row.get("seeds", {})) > 1}
+    if not rows:
+        return []
+    budgets = [str(n) for n in BUDGETS if n <= report["tlm_trials"]]
+    lines = ["", "## tlm against random search over seeds", "",
+             "Estimates (ms, as each run measured them), min-max over the seeds; `tlm below`: in how many seeds "
+             "tlm's estimate is under random search's at that budget.", "",
+             "| network | seeds | run | " + " | ".join(f"{n} trials" for n in budgets) + " |",
+             "|---|---:|---|" + "---:|" * len(budgets)]
+    for network, seeds in rows.items():
+        for name in ("tlm", "random"):
+            cells = [span([s["at_trials_ms"][name][n] for s in seeds]) for n in budgets]
+            lines.append(f"| {network} | {len(seeds)} | {name} | " + " | ".join(cells) + " |")
+        below = []
+        for n in budgets:
+            pairs = [(s["at_trials_ms"]["tlm"][n], s["at_trials_ms"]["random"][n]) for s in seeds]
+            pairs = [(t, r) for t, r in pairs if t is not None and r is not None]
+            below.append(f"{sum(t < r for t, r in pairs)} of {len(pairs)}" if pairs else "-")
+        lines.append(f"| {network} | {len(seeds)} | tlm below | " + " | ".join(below) + " |")
+    lines += ["", "Best programs re-measured together, per seed (4 passes in random order), min-max over the seeds:",
+              "", "| network | seeds | tlm / random | tlm / ansor+xgb |", "|---|---:|---:|---:|"]
+    for network, seeds in rows.items():
+        measured = [s["remeasured_ms"] for s in seeds]
+        lines.append(f"| {network} | {len(seeds)} | {span([m['tlm'] / m['random'] for m in measured], ratio)} | "
+                     f"{span([m['tlm'] / m['ansor'] for m in measured], ratio)} |")
+    return lines
+
+
 def markdown(report: dict) -> str:
     from tunecore.cli.render import cell
 
@@ -267,6 +337,7 @@ def markdown(report: dict) -> str:
         lines.append(f"| {network} | {cell(r['ansor'])} | {cell(r['tlm-topk'])} | {cell(r['tlm'])} | "
                      f"{cell(r.get('random'))} | {r['tlm-topk'] / r['ansor']:.2f} | {r['tlm'] / r['ansor']:.2f} | "
                      f"{versus_random} |")
+    lines += seeds_markdown(report)
     lines += ["", "## What the model wrote (tasks with decisions)", "",
               "| network | run | programs written | invalid | compute location moved | measured (distinct, new) | "
               "distinct share |", "|---|---|---:|---:|---:|---:|---:|"]
