@@ -119,6 +119,8 @@ def main() -> None:
                         help="seeds of the tlm and random runs: --seed, --seed + 1, ... (ansor and top-k: --seed only)")
     parser.add_argument("--weights", default="shipped", help="tlm's weights: shipped (default) or a file")
     args = parser.parse_args()
+    if args.seeds < 1:
+        parser.error(f"--seeds {args.seeds}: at least 1")
     work = os.path.join(args.out, "tlm-work")
     os.makedirs(work, exist_ok=True)
     done = os.path.join(work, "runs.json")
@@ -133,12 +135,10 @@ def main() -> None:
                          "file": os.path.basename(weights), "stage": metadata.get("stage"),
                          "round": metadata.get("round")}
     tlm_args = ["-O", f"search.weights={weights}"]
-    if args.seeds < 1:
-        parser.error(f"--seeds {args.seeds}: at least 1")
     for network in args.networks.split(","):
         model = network if ":" in network else f"zoo:{network}"
-        slug = network.replace(":", "_")
-        stores = {name: os.path.join(work, f"{slug}-{name}.db") for name in ("ansor", "tlm-topk", "tlm", "random")}
+        prefix = os.path.join(work, network.replace(":", "_"))
+        stores = {name: f"{prefix}-{name}.db" for name in ("ansor", "tlm-topk", "tlm", "random")}
         runs = {
             "ansor": cached_run(done, f"{network}/ansor", lambda: run_tunecore(
                 model, args.ansor_trials, args.seed, search="ansor", cost_model="xgb",
@@ -175,22 +175,19 @@ def main() -> None:
             "remeasured_ms": together, "remeasure_s": round(time.perf_counter() - started, 1),
             "written": {name: _written(runs[name]["tasks"]) for name in ("tlm-topk", "tlm")},
         }
-        row["seeds"] = {str(args.seed): {"at_trials_ms": {n: row["at_trials_ms"][n] for n in ("tlm", "random")},
-                                         "remeasured_ms": {n: together[n] for n in ("ansor", "tlm", "random")}}}
-        for seed in range(args.seed + 1, args.seed + args.seeds):
-            row["seeds"][str(seed)] = against_random(model, network, seed, args.tlm_trials, tlm_args,
-                                                     stores["ansor"], work, done)
+        row["other_seeds"] = {str(seed): against_random(model, network, seed, args.tlm_trials, tlm_args,
+                                                        stores["ansor"], prefix, done)
+                              for seed in range(args.seed + 1, args.seed + args.seeds)}
         report["networks"][network] = row
     report["sentences"] = cached_run(done, "sentences/resnet-50", lambda: sentence_lengths("zoo:resnet-50"))
     write_results(args.out, "tlm", report, markdown(report))
 
 
 def against_random(model: str, network: str, seed: int, trials: int, tlm_args: list[str], ansor_store: str,
-                   work: str, done: str) -> dict:
+                   prefix: str, done: str) -> dict:
     """tlm and random search at another seed: their estimates per budget, and their best programs re-measured
-    together with Ansor's."""
-    slug = network.replace(":", "_")
-    stores = {name: os.path.join(work, f"{slug}-{name}-seed{seed}.db") for name in ("tlm", "random")}
+    together with Ansor's (stores ``prefix``-<run>-seed<seed>.db)."""
+    stores = {name: f"{prefix}-{name}-seed{seed}.db" for name in ("tlm", "random")}
     cached_run(done, f"{network}/tlm/seed{seed}", lambda: run_tunecore(
         model, trials, seed, search="tlm", cost_model="none", store=f"sqlite:{stores['tlm']}", extra_args=tlm_args))
     cached_run(done, f"{network}/random/seed{seed}", lambda: run_tunecore(
@@ -263,8 +260,9 @@ def seeds_markdown(report: dict) -> list[str]:
         return low if low == high else f"{low}-{high}"
 
     ratio = "{:.2f}".format
-    rows = {network: list(row["seeds"].values()) for network, row in report["networks"].items()
-            if len(row.get("seeds", {})) > 1}
+    # the first seed's runs are the row's own
+    rows = {network: [row, *row["other_seeds"].values()] for network, row in report["networks"].items()
+            if row.get("other_seeds")}
     if not rows:
         return []
     budgets = [str(n) for n in BUDGETS if n <= report["tlm_trials"]]
