@@ -238,8 +238,10 @@ def _weights_line(weights: dict) -> str:
     stage = weights.get("stage") or "finetuned"
     if weights.get("round"):
         stage += f", round {weights['round']}"
+    teachers = f" and the teachers `{', '.join(weights['teachers'])}`" if weights.get("teachers") else ""
     return (f"Weights `{weights.get('file', 'tlm-cpu.pt')}` ({stage}): fine-tuned on {weights['programs']} best "
-            f"programs of {len(weights['workloads'])} workloads of `{datasets}`; excluded: `{weights['exclude']}`.")
+            f"programs of {len(weights['workloads'])} workloads of `{datasets}`{teachers}; excluded: "
+            f"`{weights['exclude']}`.")
 
 
 def _task_count(model: str) -> int:

@@ -345,7 +345,7 @@ def test_the_loop_writes_measures_and_fine_tunes_in_rounds_and_resumes(tmp_path)
     cli_json(run_cli("dataset", "collect", "--model", "op:matmul-64,op:matmul-128", "--per-task", "3",
                      "--random-fraction", "1", "--anchors", "0", "--out", data, "--json"))
     args = ["tlm", "loop", "-d", data, "--exclude", "op:matmul-128", "--rounds", "2", "--per-round", "3",
-            "--steps", "4", "--batch-size", "4", "-o", out, "--json"]
+            "--steps", "4", "--batch-size", "4", "--teachers", data, "-o", out, "--json"]
     stopped = cli_json(run_cli(*args, "--time-limit", "0.1"))  # stops after its first measurements
     assert not stopped["done"] and [r["round"] for r in stopped["rounds"]] == [0]
     result = cli_json(run_cli(*args))  # resumes
@@ -362,6 +362,7 @@ def test_the_loop_writes_measures_and_fine_tunes_in_rounds_and_resumes(tmp_path)
     _, _, metadata = lm.load(out)
     assert metadata["stage"] == "loop" and metadata["round"] == 2 and os.path.exists(out + ".round1.pt")
     assert lm.held_out_workloads(metadata) == ["op:matmul-128"] and metadata["base"]["tasks"] > 0  # what it came from
+    assert metadata["trained_on"]["teachers"] == ["d.parquet"]  # a dataset of teachers is named in the weights
     again = cli_json(run_cli(*args))
     assert again["rounds"] == rounds and len(Dataset.load(result["programs"]).rows) == len(programs.rows)
     keys = [(r.task_key, r.program_key) for r in programs.rows]

@@ -142,6 +142,7 @@ def _round(plan: LoopPlan, round_: int, base: str, vocab: Any, datasets: list, p
     train(model, examples, steps, batch_size=plan.batch_size, lr=plan.lr, schedule="constant",
           seed=plan.seed + round_, checkpoint=weights + CHECKPOINT, settings=settings, on_progress=on_progress)
     trained_on = {"datasets": [os.path.basename(p) for p in plan.datasets], "exclude": sorted(plan.exclude),
+                  "teachers": [os.path.basename(p) for p in plan.teachers],
                   "workloads": models, "programs": len(examples), "steps": steps}
     lm.save(weights, model, vocab, {"stage": "loop", "round": round_, "base": base_metadata.get("trained_on", {}),
                                     "trained_on": trained_on})
