@@ -59,10 +59,6 @@ def fast_end(dataset, device: str, networks: set[str], model) -> dict:
             "fastest": float(np.exp(np.mean(fastest))), "fastest_median": float(np.exp(np.median(fastest)))}
 
 
-def workloads_of(dataset) -> set[str]:
-    return {w for task in dataset.tasks.values() for w in task.workloads}
-
-
 def flops_estimate_ms(model: str, target, per_flop: float) -> float:
     from tunecore.workloads import extract_tasks, load_workload
 
@@ -112,7 +108,7 @@ def main() -> None:
               "device_seen": device in trained_on.get("devices", {}), "seconds_per_flop": per_flop,
               "dataset_fast_end": fast_end(dataset, device, networks, cdmpp),
               # the same on the networks it trained on: a fast end missed there too is in the data, not the networks
-              "dataset_fast_end_trained": fast_end(dataset, device, workloads_of(dataset) - unseen, cdmpp),
+              "dataset_fast_end_trained": fast_end(dataset, device, dataset.workloads() - unseen, cdmpp),
               "networks": {}}
     for network in args.networks.split(","):
         model = f"zoo:{network}"

@@ -57,7 +57,7 @@ def split(dataset: Dataset, spec: str, seed: int = 0, devices: list[str] | None 
     weights = {key: sum(task.workloads.values()) or 1 for key, task in dataset.tasks.items()}
     if kind == "workload":
         held = [w.strip() for w in value.split(",") if w.strip()]
-        known = {w for t in dataset.tasks.values() for w in t.workloads}
+        known = dataset.workloads()
         for workload in held:
             if workload not in known:
                 raise UsageError(f"--split {spec}: workload {workload} is not in the dataset "

@@ -174,6 +174,10 @@ class Dataset:
         """The measurements of a task on a device."""
         return list(self._by_task.get((task_key, device_id), ()))
 
+    def workloads(self) -> set[str]:
+        """Every workload (``zoo:resnet-18``, ...) one of the dataset's tasks came from."""
+        return {w for task in self.tasks.values() for w in task.workloads}
+
     def info(self) -> dict[str, Any]:
         """Counts by device, workload and task (what ``tunecore dataset info --json`` prints)."""
         from tunecore.dataset.protocol import anchor_drift, is_clean

@@ -84,7 +84,7 @@ def _pairs(args: argparse.Namespace) -> tuple[Any, list]:
 
     dataset = Dataset.load(args.dataset)
     exclude = args.exclude
-    unknown = set(exclude) - {w for t in dataset.tasks.values() for w in t.workloads}
+    unknown = set(exclude) - dataset.workloads()
     if unknown:
         raise UsageError(f"--exclude: {args.dataset} has no workload {sorted(unknown)[0]}")
     pairs = task_targets(dataset, exclude)

@@ -73,7 +73,7 @@ def run_loop(plan: LoopPlan, on_progress: Callable[[Progress], None] | None = No
     _, vocab, _ = lm.load(base)
     programs_path = plan.programs or plan.out + ".programs.parquet"
     datasets = [Dataset.load(path) for path in plan.datasets]
-    known = {w for d in datasets for t in d.tasks.values() for w in t.workloads}
+    known = set().union(*(d.workloads() for d in datasets))
     unknown = sorted(set(plan.exclude) - known)
     if unknown:
         raise UsageError(f"--exclude {unknown[0]}: no dataset has it, so nothing would be held out")
