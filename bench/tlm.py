@@ -18,11 +18,11 @@ the best program per task of each (Ansor after all its trials, TLM's best of 32,
 re-measured together, in random order over several passes, and those estimates are the headline.
 
     python bench/tlm.py [--networks resnet-18,mobilenet-v2,bert-tiny] [--ansor-trials 1000] [--tlm-trials 300]
-                        [--weights shipped|FILE] [--seed 0] [--seeds 1]
+                        [--weights shipped|FILE] [--seed 0] [--seeds 1] [--name tlm]
 
-A network is a zoo name or any --model value with its prefix (e.g. corpus:swin, one no dataset holds).
+A network is a zoo name or any --model value with its prefix (e.g. corpus:squeezenet, a CNN no dataset holds).
 
-Runs are cached in bench/results/tlm-work/ (delete it to start over); results in bench/results/tlm.{json,md}.
+Runs are cached in bench/results/tlm-work/ (delete it to start over); results in bench/results/<name>.{json,md}.
 """
 
 from __future__ import annotations
@@ -80,6 +80,13 @@ def estimate_at(curve: list, trials: int) -> float | None:
     return curve[trials - 1][2] if len(curve) >= trials else None
 
 
+def below_at_each_trial(curve: list, floor: list) -> list[int]:
+    """[trial counts at which ``curve``'s estimate is below ``floor``'s, trial counts at which both have one]:
+    "at every budget", not only at the few in BUDGETS."""
+    pairs = [(a[2], b[2]) for a, b in zip(curve, floor) if a[2] is not None and b[2] is not None]
+    return [sum(mine < theirs for mine, theirs in pairs), len(pairs)]
+
+
 def first_reaching(curve: list, goal: float) -> tuple[int, float] | None:
     for trials, seconds, estimate in curve:
         if estimate is not None and estimate <= goal:
@@ -118,6 +125,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=1,
                         help="seeds of the tlm and random runs: --seed, --seed + 1, ... (ansor and top-k: --seed only)")
     parser.add_argument("--weights", default="shipped", help="tlm's weights: shipped (default) or a file")
+    parser.add_argument("--name", default="tlm", help="results file name (default tlm)")
     args = parser.parse_args()
     if args.seeds < 1:
         parser.error(f"--seeds {args.seeds}: at least 1")
@@ -172,6 +180,7 @@ def main() -> None:
             "tlm_seconds_to_ansor": round(reach[1], 1) if reach else None,
             "at_trials_ms": {name: {str(n): estimate_at(progress[name]["curve"], n) for n in BUDGETS}
                              for name in ("ansor", "tlm", "random")},
+            "tlm_below_random": below_at_each_trial(progress["tlm"]["curve"], progress["random"]["curve"]),
             "remeasured_ms": together, "remeasure_s": round(time.perf_counter() - started, 1),
             "written": {name: _written(runs[name]["tasks"]) for name in ("tlm-topk", "tlm")},
         }
@@ -180,7 +189,7 @@ def main() -> None:
                               for seed in range(args.seed + 1, args.seed + args.seeds)}
         report["networks"][network] = row
     report["sentences"] = cached_run(done, "sentences/resnet-50", lambda: sentence_lengths("zoo:resnet-50"))
-    write_results(args.out, "tlm", report, markdown(report))
+    write_results(args.out, args.name, report, markdown(report))
 
 
 def against_random(model: str, network: str, seed: int, trials: int, tlm_args: list[str], ansor_store: str,
@@ -194,6 +203,7 @@ def against_random(model: str, network: str, seed: int, trials: int, tlm_args: l
         model, trials, seed, search="random", cost_model="none", store=f"sqlite:{stores['random']}"))
     curves = {name: store_progress(path, model)["curve"] for name, path in stores.items()}
     return {"at_trials_ms": {name: {str(n): estimate_at(curve, n) for n in BUDGETS} for name, curve in curves.items()},
+            "tlm_below_random": below_at_each_trial(curves["tlm"], curves["random"]),
             "remeasured_ms": cached_run(done, f"{network}/remeasured/seed{seed}",
                                         lambda: remeasured(model, {"ansor": ansor_store, **stores}))}
 
@@ -328,6 +338,12 @@ def markdown(report: dict) -> str:
     for network, row in report["networks"].items():
         for name, at in row.get("at_trials_ms", {}).items():
             lines.append(f"| {network} | {name} | " + " | ".join(cell(at[str(n)]) for n in BUDGETS) + " |")
+    below = {network: [s["tlm_below_random"] for s in (row, *row.get("other_seeds", {}).values())
+                       if "tlm_below_random" in s] for network, row in report["networks"].items()}
+    if any(below.values()):
+        lines += ["", "tlm's estimate below random search's, at every trial count where both have one (per seed): "
+                  + "; ".join(f"{network} " + ", ".join(f"{b} of {n}" for b, n in counts)
+                              for network, counts in below.items() if counts) + "."]
     lines += ["", "## The best programs of each, measured together (ms; 4 passes in random order)", "",
               "| network | ansor+xgb | tlm top-32 | tlm run | random | tlm top-32 / ansor | tlm run / ansor | "
               "tlm run / random |", "|---|---:|---:|---:|---:|---:|---:|---:|"]

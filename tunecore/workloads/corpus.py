@@ -165,6 +165,31 @@ def _mobilenet_v1() -> Any:
     return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(1024, 1000))
 
 
+def _squeezenet() -> Any:
+    """SqueezeNet 1.1 as torchvision builds it: fire modules (1x1 squeeze, then 1x1 and 3x3 expands
+    concatenated), ceil-mode max pools, biased convs without batch norm, a 1x1 conv classifier."""
+    from torch import nn
+
+    class Fire(nn.Module):
+        def __init__(self, cin: int, squeeze: int, expand: int):
+            super().__init__()
+            self.squeeze = nn.Sequential(nn.Conv2d(cin, squeeze, 1), nn.ReLU())
+            self.expand1x1 = nn.Sequential(nn.Conv2d(squeeze, expand, 1), nn.ReLU())
+            self.expand3x3 = nn.Sequential(nn.Conv2d(squeeze, expand, 3, padding=1), nn.ReLU())
+
+        def forward(self, x: Any) -> Any:
+            x = self.squeeze(x)
+            return torch.cat((self.expand1x1(x), self.expand3x3(x)), dim=1)
+
+    def pool() -> Any:
+        return nn.MaxPool2d(3, 2, ceil_mode=True)
+
+    return nn.Sequential(
+        nn.Conv2d(3, 64, 3, 2), nn.ReLU(), pool(), Fire(64, 16, 64), Fire(128, 16, 64), pool(),
+        Fire(128, 32, 128), Fire(256, 32, 128), pool(), Fire(256, 48, 192), Fire(384, 48, 192), Fire(384, 64, 256),
+        Fire(512, 64, 256), nn.Conv2d(512, 1000, 1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+
+
 CORPUS: tuple[CorpusModel, ...] = (
     CorpusModel("bert", _hf("BertModel", "BertConfig", _tokens(128), num_hidden_layers=2),
                 ("input_ids",), "onnx", ({0: "batch", 1: "sequence"},)),
@@ -185,6 +210,7 @@ CORPUS: tuple[CorpusModel, ...] = (
     CorpusModel("resnext", _plain(_resnext, _image()), ("input",), "onnx", ({0: "batch"},)),
     CorpusModel("shufflenet-v2", _plain(_shufflenet, _image()), ("input",), "onnx", ({0: "batch"},)),
     CorpusModel("mobilenet-v1", _plain(_mobilenet_v1, _image()), ("input",), "onnx", ({0: "batch"},)),
+    CorpusModel("squeezenet", _plain(_squeezenet, _image()), ("input",), "onnx", ({0: "batch"},)),
 )
 BY_NAME = {model.name: model for model in CORPUS}
 
