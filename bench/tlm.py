@@ -18,7 +18,7 @@ the best program per task of each (Ansor after all its trials, TLM's best of 32,
 re-measured together, in random order over several passes, and those estimates are the headline.
 
     python bench/tlm.py [--networks resnet-18,mobilenet-v2,bert-tiny] [--ansor-trials 1000] [--tlm-trials 300]
-                        [--weights shipped|FILE] [--seed 0] [--seeds 1] [--name tlm]
+                        [--weights shipped|FILE] [--seed 0] [--seeds 1] [--tlm-option KEY=VALUE] [--name tlm]
 
 A network is a zoo name or any --model value with its prefix (e.g. corpus:squeezenet, a CNN no dataset holds).
 
@@ -125,6 +125,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=1,
                         help="seeds of the tlm and random runs: --seed, --seed + 1, ... (ansor and top-k: --seed only)")
     parser.add_argument("--weights", default="shipped", help="tlm's weights: shipped (default) or a file")
+    parser.add_argument("--tlm-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="-O search.KEY=VALUE for tlm's runs (repeatable); they are cached apart from the "
+                             "runs without it, ansor's and random search's are shared")
     parser.add_argument("--name", default="tlm", help="results file name (default tlm)")
     args = parser.parse_args()
     if args.seeds < 1:
@@ -142,21 +145,24 @@ def main() -> None:
     report["weights"] = {**metadata["trained_on"], "exclude": ",".join(lm.held_out_workloads(metadata)),
                          "file": os.path.basename(weights), "stage": metadata.get("stage"),
                          "round": metadata.get("round")}
-    tlm_args = ["-O", f"search.weights={weights}"]
+    tlm_args = ["-O", f"search.weights={weights}", *[a for o in args.tlm_option for a in ("-O", f"search.{o}")]]
+    variant = "".join(f"+{o}" for o in args.tlm_option)  # in the cache keys and store names of tlm's runs
+    report["tlm_options"] = args.tlm_option
     for network in args.networks.split(","):
         model = network if ":" in network else f"zoo:{network}"
         prefix = os.path.join(work, network.replace(":", "_"))
-        stores = {name: f"{prefix}-{name}.db" for name in ("ansor", "tlm-topk", "tlm", "random")}
+        stores = {name: f"{prefix}-{name}{variant if name.startswith('tlm') else ''}.db"
+                  for name in ("ansor", "tlm-topk", "tlm", "random")}
         runs = {
             "ansor": cached_run(done, f"{network}/ansor", lambda: run_tunecore(
                 model, args.ansor_trials, args.seed, search="ansor", cost_model="xgb",
                 store=f"sqlite:{stores['ansor']}")),
-            "tlm-topk": cached_run(done, f"{network}/tlm-topk", lambda: run_tunecore(
+            "tlm-topk": cached_run(done, f"{network}/tlm-topk{variant}", lambda: run_tunecore(
                 model, 32 * _task_count(model), args.seed, search="tlm", cost_model="none",
                 store=f"sqlite:{stores['tlm-topk']}",
                 extra_args=[*tlm_args, "-O", "search.online=false", "--scheduler", "round-robin",
                             "--round-size", "32"])),
-            "tlm": cached_run(done, f"{network}/tlm", lambda: run_tunecore(
+            "tlm": cached_run(done, f"{network}/tlm{variant}", lambda: run_tunecore(
                 model, args.tlm_trials, args.seed, search="tlm", cost_model="none", store=f"sqlite:{stores['tlm']}",
                 extra_args=tlm_args)),
             "random": cached_run(done, f"{network}/random", lambda: run_tunecore(
@@ -168,7 +174,7 @@ def main() -> None:
         reach = first_reaching(progress["tlm"]["curve"], ansor_final)
         ansor_reach = first_reaching(progress["ansor"]["curve"], ansor_final)
         started = time.perf_counter()
-        together = cached_run(done, f"{network}/remeasured", lambda: remeasured(model, stores))
+        together = cached_run(done, f"{network}/remeasured{variant}", lambda: remeasured(model, stores))
         row = {
             "tasks": len(progress["ansor"]["tasks"]),
             "ansor_estimate_ms": ansor_final, "ansor_wall_s": runs["ansor"]["wall_s"],
@@ -184,7 +190,7 @@ def main() -> None:
             "remeasured_ms": together, "remeasure_s": round(time.perf_counter() - started, 1),
             "written": {name: _written(runs[name]["tasks"]) for name in ("tlm-topk", "tlm")},
         }
-        row["other_seeds"] = {str(seed): against_random(model, network, seed, args.tlm_trials, tlm_args,
+        row["other_seeds"] = {str(seed): against_random(model, network, seed, args.tlm_trials, tlm_args, variant,
                                                         stores["ansor"], prefix, done)
                               for seed in range(args.seed + 1, args.seed + args.seeds)}
         report["networks"][network] = row
@@ -192,19 +198,19 @@ def main() -> None:
     write_results(args.out, args.name, report, markdown(report))
 
 
-def against_random(model: str, network: str, seed: int, trials: int, tlm_args: list[str], ansor_store: str,
-                   prefix: str, done: str) -> dict:
+def against_random(model: str, network: str, seed: int, trials: int, tlm_args: list[str], variant: str,
+                   ansor_store: str, prefix: str, done: str) -> dict:
     """tlm and random search at another seed: their estimates per budget, and their best programs re-measured
     together with Ansor's (stores ``prefix``-<run>-seed<seed>.db)."""
-    stores = {name: f"{prefix}-{name}-seed{seed}.db" for name in ("tlm", "random")}
-    cached_run(done, f"{network}/tlm/seed{seed}", lambda: run_tunecore(
+    stores = {"tlm": f"{prefix}-tlm{variant}-seed{seed}.db", "random": f"{prefix}-random-seed{seed}.db"}
+    cached_run(done, f"{network}/tlm{variant}/seed{seed}", lambda: run_tunecore(
         model, trials, seed, search="tlm", cost_model="none", store=f"sqlite:{stores['tlm']}", extra_args=tlm_args))
     cached_run(done, f"{network}/random/seed{seed}", lambda: run_tunecore(
         model, trials, seed, search="random", cost_model="none", store=f"sqlite:{stores['random']}"))
     curves = {name: store_progress(path, model)["curve"] for name, path in stores.items()}
     return {"at_trials_ms": {name: {str(n): estimate_at(curve, n) for n in BUDGETS} for name, curve in curves.items()},
             "tlm_below_random": below_at_each_trial(curves["tlm"], curves["random"]),
-            "remeasured_ms": cached_run(done, f"{network}/remeasured/seed{seed}",
+            "remeasured_ms": cached_run(done, f"{network}/remeasured{variant}/seed{seed}",
                                         lambda: remeasured(model, {"ansor": ansor_store, **stores}))}
 
 
@@ -306,7 +312,9 @@ def markdown(report: dict) -> str:
     from tunecore.cli.render import cell
 
     lines = ["# TLM on networks held out of its training", "",
-             environment_line(report), "", _weights_line(report["weights"]), "",
+             environment_line(report), "", _weights_line(report["weights"])
+             + (f" tlm's runs with `{' '.join('-O search.' + o for o in report['tlm_options'])}`."
+                if report.get("tlm_options") else ""), "",
              "## Top-k: the first k programs the model writes per task (no online learning)", "",
              "Share = Ansor's estimate / TLM's (above 100%: TLM's programs are faster). Estimates are sums of "
              "weight x best latency over the network's tasks, as each run measured them.", "",

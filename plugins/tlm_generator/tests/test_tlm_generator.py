@@ -164,6 +164,43 @@ def test_constrained_decoding_writes_only_valid_programs(sketches, diverse):
     assert relocated < total / 10
 
 
+def test_uniform_fallback_spreads_what_the_model_gives_illegal_tokens_over_the_legal_ones(matmul_task):
+    """On SqueezeNet's 55x55 convs the shipped weights wrote the whole extent innermost in every sample: their
+    favourite factors (divisors of 56, 28, 14) are illegal there, and renormalizing over the legal tokens picks
+    the least unlikely one every time. With ``uniform_fallback`` that mass goes to every legal factor alike."""
+    import types
+
+    from tunecore_tlm_generator.sketches import probe
+
+    from tunecore.space import DesignSpace
+
+    space = DesignSpace(matmul_task)
+    prompt = next(p for p in (probe(space, i) for i in range(len(space.sketches)))
+                  if any(s.kind == "SamplePerfectTile" for s in p.slots))
+    tile = next(i for i, s in enumerate(prompt.slots) if s.kind == "SamplePerfectTile")
+    assert prompt.slots[tile].extent == 64
+    vocab = Vocabulary([w for w in prompt.words if isinstance(w, str)])
+
+    class Favourite(torch.nn.Module):
+        """Every position: the illegal factor 3 far ahead, then the legal factor 1."""
+
+        config = types.SimpleNamespace(context=4096)
+
+        def forward(self, ids, caches=None, start=0):
+            logits = torch.zeros(len(vocab))
+            logits[vocab.number(3)[0]], logits[vocab.number(1)[0]] = 30.0, 8.0
+            return logits.expand(ids.shape[0], ids.shape[1], -1), []
+
+    def first_factors(uniform_fallback: bool) -> list[int]:
+        samples = lm.generate(Favourite(), vocab, prompt, 64, 1.0, torch.Generator().manual_seed(0), uniform_fallback)
+        assert len(samples) == 64 and all(s.is_valid(d) for x in samples for s, d in zip(prompt.slots, x.decisions))
+        return [x.decisions[tile][0] for x in samples]
+
+    assert first_factors(False).count(1) >= 60  # renormalized: the legal favourite nearly always
+    spread = first_factors(True)
+    assert spread.count(1) <= 24 and len(set(spread)) >= 5  # 7 divisors of 64, about 1/7 each
+
+
 @pytest.fixture(scope="module")
 def bert_tiny(shipped, tmp_path_factory) -> str:
     """The primary device's programs of bert-tiny's and dcgan's tasks, as a dataset file."""

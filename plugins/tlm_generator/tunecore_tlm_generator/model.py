@@ -246,8 +246,13 @@ class Sample:
 
 @torch.no_grad()
 def generate(model: GPT, vocab: Vocabulary, prompt: SketchPrompt, count: int, temperature: float,
-             generator: torch.Generator) -> list[Sample]:
-    """``count`` samples for one sketch, written token by token with every illegal token masked."""
+             generator: torch.Generator, uniform_fallback: bool = False) -> list[Sample]:
+    """``count`` samples for one sketch, written token by token with every illegal token masked.
+
+    The probability the model gives to illegal tokens is renormalized over the legal ones in proportion to
+    the model's, or with ``uniform_fallback`` spread over them alike: where the model's favourites are all
+    illegal (a loop extent whose divisors it never saw, e.g. 55 = 5 x 11 after training on 56, 28, 14), the
+    choice falls back toward a uniform one, as TVM's sampler makes, instead of the least unlikely token."""
     model.eval()
     prompt_ids = [BOS, *vocab.encode(prompt.words), SEP]
     logits, caches = model(torch.tensor([prompt_ids]))
@@ -265,6 +270,11 @@ def generate(model: GPT, vocab: Vocabulary, prompt: SketchPrompt, count: int, te
         for i, step in enumerate(steps):
             mask[i, step[0] if step is not None else [PAD]] = 0.0
         probs = torch.softmax(last / max(temperature, 1e-6) + mask, dim=-1)
+        if uniform_fallback:
+            model_probs = torch.softmax(last / max(temperature, 1e-6), dim=-1)
+            legal = torch.isfinite(mask)
+            illegal_mass = (model_probs * ~legal).sum(dim=-1, keepdim=True)
+            probs = torch.where(legal, model_probs + illegal_mass / legal.sum(dim=-1, keepdim=True), 0.0)
         chosen = torch.multinomial(probs, 1, generator=generator).squeeze(1).tolist()
         for i, machine in enumerate(machines):
             step = steps[i]

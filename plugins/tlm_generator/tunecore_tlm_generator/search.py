@@ -53,13 +53,14 @@ class _TaskState:
 class TLMSearch(SearchPolicy):
     name = "tlm"
 
-    def __init__(self, *, weights: str = "shipped", temperature: float = 1.0, oversample: int = 4,
-                 online: bool = True, online_every: int = 32, online_steps: int = 8, lr: float = 1e-4,
-                 batch_size: int = 16, threads: int | None = None, **kwargs: Any):
+    def __init__(self, *, weights: str = "shipped", temperature: float = 1.0, uniform_fallback: bool = False,
+                 oversample: int = 4, online: bool = True, online_every: int = 32, online_steps: int = 8,
+                 lr: float = 1e-4, batch_size: int = 16, threads: int | None = None, **kwargs: Any):
         super().__init__(**kwargs)
         check_options(
             weights=(weights, isinstance(weights, str) and bool(weights), "'shipped', 'shipped-base' or a file"),
             temperature=(temperature, is_number(temperature, 1e-3, 10), "between 0.001 and 10"),
+            uniform_fallback=(uniform_fallback, isinstance(uniform_fallback, bool), "true or false"),
             oversample=(oversample, is_int(oversample, 1), "an integer >= 1"),
             online=(online, isinstance(online, bool), "true or false"),
             online_every=(online_every, is_int(online_every, 1), "an integer >= 1"),
@@ -79,7 +80,7 @@ class TLMSearch(SearchPolicy):
             self.model, self.vocab, self.metadata = lm.load(path)
         except UsageError as error:
             raise UsageError(f"search 'tlm': {error}") from None
-        self.temperature, self.oversample = temperature, oversample
+        self.temperature, self.uniform_fallback, self.oversample = temperature, uniform_fallback, oversample
         self.online, self.online_every, self.online_steps = online, online_every, online_steps
         self.lr, self.batch_size = lr, batch_size
         self.optimizer = None
@@ -165,7 +166,8 @@ class TLMSearch(SearchPolicy):
         for prompt, k in zip(state.prompts, per_prompt):
             if k == 0:
                 continue
-            for sample in lm.generate(self.model, self.vocab, prompt, int(k), self.temperature, self.generator):
+            for sample in lm.generate(self.model, self.vocab, prompt, int(k), self.temperature, self.generator,
+                                      self.uniform_fallback):
                 state.generated += 1
                 sch, relocated = realize(state.context.space, prompt, sample,
                                          seed=int(self.rng.integers(1, 2**31 - 1)), postprocs=state.postprocs)
