@@ -269,12 +269,13 @@ def generate(model: GPT, vocab: Vocabulary, prompt: SketchPrompt, count: int, te
         mask = torch.full((count, len(vocab)), float("-inf"))
         for i, step in enumerate(steps):
             mask[i, step[0] if step is not None else [PAD]] = 0.0
-        probs = torch.softmax(last / max(temperature, 1e-6) + mask, dim=-1)
+        scaled = last / max(temperature, 1e-6)
         if uniform_fallback:
-            model_probs = torch.softmax(last / max(temperature, 1e-6), dim=-1)
-            legal = torch.isfinite(mask)
+            model_probs, legal = torch.softmax(scaled, dim=-1), torch.isfinite(mask)
             illegal_mass = (model_probs * ~legal).sum(dim=-1, keepdim=True)
             probs = torch.where(legal, model_probs + illegal_mass / legal.sum(dim=-1, keepdim=True), 0.0)
+        else:
+            probs = torch.softmax(scaled + mask, dim=-1)
         chosen = torch.multinomial(probs, 1, generator=generator).squeeze(1).tolist()
         for i, machine in enumerate(machines):
             step = steps[i]
