@@ -53,7 +53,7 @@ class _TaskState:
 class TLMSearch(SearchPolicy):
     name = "tlm"
 
-    def __init__(self, *, weights: str = "shipped", temperature: float = 1.0, uniform_fallback: bool = False,
+    def __init__(self, *, weights: str = "shipped", temperature: float = 1.0, uniform_fallback: bool = True,
                  oversample: int = 4, online: bool = True, online_every: int = 32, online_steps: int = 8,
                  lr: float = 1e-4, batch_size: int = 16, threads: int | None = None, **kwargs: Any):
         super().__init__(**kwargs)
