@@ -47,8 +47,8 @@ def test_collect_measures_per_task_with_device_identity(collected):
     # every task gets 8 usable programs: a program whose timings stayed noisy is kept, flagged, and replaced
     assert first["devices"][0]["measured"] == info["rows"] >= 16 and info["tasks"] == 2  # before the remeasure
     assert {w: v["rows"] for w, v in info["workloads"].items()}.keys() == {"op:matmul-64", "op:matmul-96x64x80"}
-    assert all(sum(map(is_usable, dataset.rows_of(key, dataset.rows[0].device_id))) == 8 for key in dataset.tasks)
-    primary = dataset.rows[0].device_id
+    primary = first["devices"][0]["device_id"]  # not rows[0]: the file orders rows by task, then device id
+    assert all(sum(map(is_usable, dataset.rows_of(key, primary))) == 8 for key in dataset.tasks)
     assert dataset.devices[primary]["cpu"] and dataset.devices[primary]["cores"] >= 1
     by = {r.collected_by for r in dataset.rows}
     assert by == {"random"} and all(r.trace and r.program_key for r in dataset.rows)

@@ -1,6 +1,8 @@
 """Conv layouts (tunecore.layouts) and Winograd candidates (tunecore.winograd): every path computes what the model
 computes (values, not timings)."""
 
+import re
+
 import pytest
 
 from tunecore.layouts import vector_lanes
@@ -131,15 +133,19 @@ def test_the_blocked_conv_space_reaches_register_tiled_kernels_beside_multi_leve
     lanes = vector_lanes(target)
     tiles = register_tiles(lanes, 32 // lanes, 16)
     space = DesignSpace(task, seed=0)
-    # two loop orders per tile, then MetaSchedule's own sketches (multi-level tiling gives several)
-    assert tiles and len(space.sketches) > 2 * len(tiles)
-    for index in range(len(space.sketches)):
-        assert space.sample(index) is not None
-    text = space.sample(0).mod.script()
-    assert f"T.vectorized(T.int64({lanes}))" in text and f"T.unroll(T.int64({lanes}))" in text
-    # the bias and relu are applied to the register tile as it is stored: one parallel loop nest, not a second
-    # pass over the output
-    assert "relu" in task.name and text.count("T.parallel(") == 1
+    programs = [space.sample(index).mod.script() for index in range(len(space.sketches))]  # each sketch: valid
+    # two loop orders per tile, then MetaSchedule's own sketches (multi-level tiling annotates its blocks and gives
+    # several); their order in the space differs between CPUs
+    blocked = [text for text in programs if "meta_schedule.tiling_structure" not in text]
+    assert tiles and len(blocked) == 2 * len(tiles) and len(programs) > len(blocked)
+    # the B input channels of a block unrolled in every register-tiled kernel
+    assert all(f"T.unroll(T.int64({lanes}))" in text for text in blocked)
+    # in the "tile" order the bias, residual add and relu are applied to the register tile (B lanes wide) as it is
+    # stored: the accumulator's write-back is the last block, not a second pass over the output
+    last_blocks = [re.findall(r'T\.sblock\("(\w+)"\)', text)[-1] for text in blocked]
+    fused = [text for text, last in zip(blocked, last_blocks) if last.endswith("_local")]
+    assert "relu" in task.name and len(fused) == len(tiles)
+    assert all(f"T.vectorized(T.int64({lanes}))" in text for text in fused)
 
 
 def test_auto_probes_every_layout_keeps_the_fastest_build_and_compile_follows_it(cnn, tmp_path):

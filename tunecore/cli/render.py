@@ -39,7 +39,8 @@ def tracker(transient: bool = False) -> Iterator[Callable[[Progress], None]]:
     display = progress(TextColumn("{task.fields[note]}"), after=(TextColumn("ETA"), TimeRemainingColumn()),
                        transient=transient)
     bars: dict[str, Any] = {}
-    logged = {"at": 0.0}  # a log file (nohup ... &) gets a plain line a minute instead of a live display
+    # a log file (nohup ... &) gets plain lines instead of a live display: one a minute, and a stage's end
+    logged = {"at": 0.0}
 
     def on_progress(p: Progress) -> None:
         if p.stage not in bars:
@@ -48,7 +49,7 @@ def tracker(transient: bool = False) -> Iterator[Callable[[Progress], None]]:
         note = " ".join(filter(None, [f"failed {p.failed}" if p.failed else "",
                                       f"loss {p.loss:.3f}" if p.loss is not None else "", p.item[:40]]))
         display.update(bars[p.stage], completed=p.done, total=p.total, note=note)
-        if not transient and not sys.stderr.isatty() and time.monotonic() - logged["at"] >= 60:
+        if not transient and not sys.stderr.isatty() and (time.monotonic() - logged["at"] >= 60 or p.done == p.total):
             logged["at"] = time.monotonic()
             print(f"{time.strftime('%H:%M:%S')} {p.stage}: {p.done}/{p.total if p.total is not None else '?'} {note}",
                   file=sys.stderr, flush=True)
