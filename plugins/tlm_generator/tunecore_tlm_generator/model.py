@@ -246,7 +246,7 @@ class Sample:
 
 @torch.no_grad()
 def generate(model: GPT, vocab: Vocabulary, prompt: SketchPrompt, count: int, temperature: float,
-             generator: torch.Generator, uniform_fallback: bool = True) -> list[Sample]:
+             generator: torch.Generator, uniform_fallback: bool) -> list[Sample]:
     """``count`` samples for one sketch, written token by token with every illegal token masked.
 
     The probability the model gives to illegal tokens is renormalized over the legal ones in proportion to
