@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 from tunecore.errors import UsageError
 
 # public (see tunecore.interfaces): what plugins may import from this module
-__all__ = ["cpu_lineage", "cpu_relatives", "data_caches", "device_descriptor", "device_id", "host_target",
-           "physical_cores", "resolve_target"]
+__all__ = ["cpu_lineage", "data_caches", "device_descriptor", "device_id", "host_target", "physical_cores",
+           "resolve_target"]
 
 if TYPE_CHECKING:
     import tvm
@@ -31,9 +31,8 @@ _X86_MCPU_BY_FLAGS = (
     ({"avx2", "fma"}, "haswell"),
     ({"sse4_2"}, "nehalem"),
 )
-# Each CPU's predecessor in its line (LLVM's names). A tool that does not know a CPU takes its nearest predecessor
-# it knows instead (llvm-mca, older than the CPUs it is asked about); a model, the nearest CPU of the line it knows
-# (tlm's vocabulary, which holds the CPUs its data came from).
+# Each CPU's predecessor in its line (LLVM's names). A tool or a model that does not know a CPU takes its nearest
+# predecessor it knows instead: llvm-mca and tlm's vocabulary, which are older than the CPUs they are asked about.
 _CPU_PREDECESSOR = {"znver5": "znver4", "znver4": "znver3", "znver3": "znver2", "znver2": "znver1",
                     "graniterapids": "sapphirerapids", "emeraldrapids": "sapphirerapids",
                     "sapphirerapids": "icelake-server", "arrowlake": "alderlake", "meteorlake": "alderlake",
@@ -107,18 +106,6 @@ def cpu_lineage(mcpu: str) -> list[str]:
     out = [mcpu]
     while out[-1] in _CPU_PREDECESSOR:
         out.append(_CPU_PREDECESSOR[out[-1]])
-    return out
-
-
-def cpu_relatives(mcpu: str) -> list[str]:
-    """``mcpu``, its predecessors nearest first, then its successors nearest first: the order in which a model that
-    does not know ``mcpu`` reads it as a CPU it knows (a predecessor runs the same code; a successor of the line is
-    still nearer than none)."""
-    out = cpu_lineage(mcpu)
-    generation = [mcpu]
-    while generation:
-        generation = sorted(c for c, before in _CPU_PREDECESSOR.items() if before in generation)
-        out += generation
     return out
 
 

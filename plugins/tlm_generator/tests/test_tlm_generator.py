@@ -17,7 +17,7 @@ from tunecore_tlm_generator.sketches import apply_decisions, realize, sampled_de
 from tunecore_tlm_generator.training import Sketches, task_targets
 
 from tunecore.dataset.table import Dataset
-from tunecore.targets import cpu_lineage, cpu_relatives
+from tunecore.targets import cpu_lineage
 from tunecore.testing import SearchPolicyConformance
 from tunecore.testing.cli import assert_one_line_exit_2, cli_json, run_cli
 from tunecore.tvmjson import schedule_key
@@ -133,15 +133,11 @@ def test_every_number_is_written_and_read_back(value):
     assert vocab.decode_numbers(vocab.number(value)) == [value]
 
 
-def test_a_cpu_the_vocabulary_lacks_reads_as_its_nearest_known_relative():
+def test_a_cpu_newer_than_the_vocabulary_reads_as_its_nearest_known_predecessor():
     vocab = Vocabulary(["znver3", "conv2d", "float32"])
     assert vocab.encode(["TARGET", "llvm", "znver5"])[2] == vocab.ids["znver3"]  # not [UNK]: znver4 is unknown too
     assert vocab.encode(["znver3", "sapphirerapids", "nchw"]) == [vocab.ids["znver3"], UNK, UNK]
     assert cpu_lineage("znver5") == ["znver5", "znver4", "znver3", "znver2", "znver1"]
-    # an older CPU than the vocabulary's (the shipped weights know znver4 and znver5) reads as the next newer one
-    newer = Vocabulary(["znver5", "znver4", "conv2d"])
-    assert newer.encode(["znver3", "znver1", "znver5"]) == [newer.ids["znver4"]] * 2 + [newer.ids["znver5"]]
-    assert cpu_relatives("sapphirerapids") == ["sapphirerapids", "icelake-server", "emeraldrapids", "graniterapids"]
     assert cpu_lineage("x86-64-v3") == ["x86-64-v3"]
 
 

@@ -33,7 +33,7 @@ import hashlib
 import json
 from typing import Any, Iterator, Sequence
 
-from tunecore.targets import cpu_relatives
+from tunecore.targets import cpu_lineage
 
 BASE = 1024
 MAX_NUMBER = BASE * BASE - 1
@@ -174,8 +174,8 @@ class Vocabulary:
         for w in words:
             if isinstance(w, int):
                 out += self.number(w)
-            else:  # a CPU the training data lacks reads as its nearest relative the vocabulary knows
-                out.append(next((self.ids[c] for c in cpu_relatives(w) if c in self.ids), UNK))
+            else:  # a CPU newer than the training data reads as its nearest predecessor the vocabulary knows
+                out.append(next((self.ids[c] for c in cpu_lineage(w) if c in self.ids), UNK))
         return out
 
     def decode_numbers(self, ids: Sequence[int]) -> list[int]:
