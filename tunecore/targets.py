@@ -6,12 +6,14 @@ about 2x slower) and its core count; ``cuda`` the local GPU; anything else is a 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import json
 import os
 import sys
 import types
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from tunecore.errors import UsageError
@@ -317,7 +319,30 @@ def load_tensor_intrinsics(target: tvm.target.Target) -> None:
         triple = str(target.attrs.get("mtriple", "")) or _host_triple()
         entry = entry.get(triple.split("-")[0])
     if entry:
-        importlib.import_module(f"{package}.{entry}")
+        with _frames_of_no_file_have_no_module():
+            importlib.import_module(f"{package}.{entry}")
+
+
+@contextlib.contextmanager
+def _frames_of_no_file_have_no_module() -> Iterator[None]:
+    """TVMScript's ``T.prim_func`` takes ``inspect.stack()``, which asks ``inspect.getmodule`` for each frame's
+    module; for a frame of code without a file ("<ast>": TVMScript's own evaluator, "<frozen importlib._bootstrap>")
+    that walks all of ``sys.modules`` to answer None: 70% of the 15 s the CUDA intrinsics took to import, 1 s of the
+    x86 ones in every process that tunes. The answer is None without the walk."""
+    import inspect
+
+    walk = inspect.getmodule
+
+    def getmodule(obj: Any, _filename: str | None = None) -> Any:
+        if inspect.isframe(obj) and (_filename or obj.f_code.co_filename).startswith("<"):
+            return None
+        return walk(obj, _filename)
+
+    inspect.getmodule = getmodule
+    try:
+        yield
+    finally:
+        inspect.getmodule = walk
 
 
 def _host_triple() -> str:
