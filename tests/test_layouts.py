@@ -18,6 +18,14 @@ def cnn(tmp_path_factory):
     return str(path)
 
 
+@pytest.fixture(scope="module")
+def block(tmp_path_factory):
+    """An inverted residual block: three convs, 13 tasks over the three layouts where the CNN has 38."""
+    path = tmp_path_factory.mktemp("layouts") / "block.onnx"
+    write_inverted_residual_onnx(str(path))
+    return str(path)
+
+
 def _tasks(cnn, layout, *more):
     return cli_json(run_cli("tasks", "--model", cnn, "--layout", layout, *more, "--json"))["tasks"]
 
@@ -76,12 +84,11 @@ def test_a_network_tuned_and_compiled_in_a_layout_computes_what_onnxruntime_comp
 
 
 def test_an_inverted_residual_keeps_bias_and_relu6_in_its_convs_where_24_and_48_channels_take_different_blocks(
-        tmp_path):
+        block, tmp_path):
     """MobileNetV2's 24 -> 144 expansion: 24 channels take a narrower block than a full vector, the expansion's
     output a full one. Its bias and relu6 fuse into the conv and no transform is left between it and the depthwise
     conv (before: conv, transform to NCHW, bias and relu6 alone, transform back: 0.69 of MobileNetV2's 3.3 ms)."""
-    model = str(tmp_path / "block.onnx")
-    write_inverted_residual_onnx(model)
+    model = block
     tasks = _tasks(model, "nchwc")
     names = [t["name"] for t in tasks]
     assert all("conv2d" in name for name in names if "maximum" in name or "minimum" in name), names
@@ -148,23 +155,24 @@ def test_the_blocked_conv_space_reaches_register_tiled_kernels_beside_multi_leve
     assert all(f"T.vectorized(T.int64({lanes}))" in text for text in fused)
 
 
-def test_auto_probes_every_layout_keeps_the_fastest_build_and_compile_follows_it(cnn, tmp_path):
+def test_auto_probes_every_layout_keeps_the_fastest_build_and_compile_follows_it(block, tmp_path):
     from tunecore.layouts import LAYOUTS
 
     store = str(tmp_path / "s.db")
-    run = cli_json(run_cli("run", "--model", cnn, "--layout", "auto", "--trials", "60", "--search", "random",
+    run = cli_json(run_cli("run", "--model", block, "--layout", "auto", "--trials", "20", "--search", "random",
                            "--store", store, "--json"))
     choice = run["layout_choice"]
     assert set(choice["probes"]) == set(LAYOUTS) and choice["layout"] in LAYOUTS
     assert all(p["latency_ms"] > 0 and p["tasks_tuned"] == p["tasks"] for p in choice["probes"].values())
     assert choice["probes"][choice["layout"]]["latency_ms"] == min(p["latency_ms"] for p in choice["probes"].values())
-    report = cli_json(run_cli("compile", "--model", cnn, "--store", store, "--json"))
+    report = cli_json(run_cli("compile", "--model", block, "--store", store, "--json"))
     assert report["layout"] == choice["layout"] and report["outputs_match"]
     assert_one_line_exit_2(run_cli("run", "--model", "op:matmul-64", "--layout", "auto", "--trials", "4",
                                    "--store", "memory:"), "single operator")
 
 
-@pytest.mark.parametrize("layout", ["nchw", "nchwc"])
+# nchw's kernels are the blocked ones' without the blocks (and compute the model in the test below): slow only
+@pytest.mark.parametrize("layout", [pytest.param("nchw", marks=pytest.mark.slow), "nchwc"])
 def test_winograd_kernels_are_tuned_beside_direct_ones_and_kept_only_where_they_measured_faster(cnn, tmp_path,
                                                                                                 layout):
     """In the blocked layout too: there the Winograd kernel reads and writes blocked activations."""

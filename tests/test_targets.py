@@ -86,3 +86,18 @@ def test_kernels_run_on_as_many_threads_as_the_target_has_cores():
     env = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "TUNECORE_SET_TVM_NUM_THREADS")}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.split() == [str(os.cpu_count())] * 2
+
+
+def test_a_targets_tensor_intrinsics_register_and_inspect_is_left_as_it_was():
+    """The import is made fast by answering inspect.getmodule for frames of no file (tunecore.targets); the
+    intrinsics are TVM's all the same, and inspect is restored."""
+    import inspect
+
+    from tvm.s_tir import TensorIntrin
+
+    from tunecore.targets import load_tensor_intrinsics
+
+    walk = inspect.getmodule
+    load_tensor_intrinsics(resolve_target('{"kind": "cuda", "arch": "sm_90"}'))
+    assert inspect.getmodule is walk
+    assert TensorIntrin.get("mma_ldmatrix_f16_a", allow_missing=True) is not None
