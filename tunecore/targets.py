@@ -327,8 +327,8 @@ def load_tensor_intrinsics(target: tvm.target.Target) -> None:
 def _frames_of_no_file_have_no_module() -> Iterator[None]:
     """TVMScript's ``T.prim_func`` takes ``inspect.stack()``, which asks ``inspect.getmodule`` for each frame's
     module; for a frame of code without a file ("<ast>": TVMScript's own evaluator, "<frozen importlib._bootstrap>")
-    that walks all of ``sys.modules`` to answer None: 70% of the 15 s the CUDA intrinsics took to import, 1 s of the
-    x86 ones in every process that tunes. The answer is None without the walk."""
+    that walks all of ``sys.modules`` to answer None: 12 of the 15.5 s the CUDA intrinsics took to import, up to 1 s
+    of the x86 ones (more, the deeper the stack) in every process that tunes. The answer is None without the walk."""
     import inspect
 
     walk = inspect.getmodule
