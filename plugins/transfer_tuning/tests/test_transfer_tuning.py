@@ -211,7 +211,8 @@ def test_cli_transfers_from_a_store_filled_by_an_earlier_run(tmp_path):
     assert summary["search"] == "transfer+random" and summary["trials_measured"] == 8
     assert summary["errors"] == 0
     report = task["search_report"]
-    assert report["donor_model"] == "op:matmul-64" and report["note"] == "transferred"
+    # whether the transferred programs also beat the untuned one is a timing: the note may add that they did not
+    assert report["donor_model"] == "op:matmul-64" and report["note"].startswith("transferred")
     opened = SqliteStore(store)
     records = opened.records(task["task_id"])
     opened.close()
