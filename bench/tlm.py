@@ -146,7 +146,9 @@ def main() -> None:
                          "file": os.path.basename(weights), "stage": metadata.get("stage"),
                          "round": metadata.get("round")}
     tlm_args = ["-O", f"search.weights={weights}", *[a for o in args.tlm_option for a in ("-O", f"search.{o}")]]
-    variant = "".join(f"+{o}" for o in args.tlm_option)  # in the cache keys and store names of tlm's runs
+    # in the cache keys and store names of tlm's runs: other weights, other options, other runs
+    variant = ("" if args.weights == "shipped" else f"+{os.path.basename(weights)}") + "".join(
+        f"+{o}" for o in args.tlm_option)
     report["tlm_options"] = args.tlm_option
     for network in args.networks.split(","):
         model = network if ":" in network else f"zoo:{network}"

@@ -219,13 +219,18 @@ def bert_tiny(shipped, tmp_path_factory) -> str:
 
 def test_pretrain_lowers_the_loss_and_finetune_learns_the_best(bert_tiny, tmp_path):
     base, tuned = str(tmp_path / "base.pt"), str(tmp_path / "tuned.pt")
+    avx2 = '{"kind": "llvm", "mcpu": "znver3", "num-cores": 2}'  # a CPU the slice has no programs of
     out = cli_json(run_cli("tlm", "pretrain", "-d", bert_tiny, "--exclude", "zoo:dcgan", "--per-sketch", "6",
-                           "--steps", "40", "--layers", "1", "--width", "64", "-o", base, "--json"))
+                           "--target", avx2, "--steps", "40", "--layers", "1", "--width", "64", "-o", base, "--json"))
     assert out["held_out_loss"] < 0.7 * out["held_out_loss_before"]
     assert not os.path.exists(base + ".ckpt") and not os.path.exists(base + ".corpus.npz")
     model, vocab, metadata = lm.load(base)
     assert metadata["stage"] == "pretrained"
     assert metadata["trained_on"]["workloads"] == ["zoo:bert-base", "zoo:bert-tiny"]
+    measured_on = {json.loads(Dataset.load(bert_tiny).rows[0].target)["mcpu"]}
+    assert metadata["trained_on"]["targets"] == sorted(measured_on | {"znver3"}) and "znver3" in vocab.words
+    assert_one_line_exit_2(run_cli("tlm", "pretrain", "-d", bert_tiny, "--target", "{not json", "-o", base),
+                           "--target: not valid JSON")
     out = cli_json(run_cli("tlm", "finetune", "-d", bert_tiny, "--weights", base, "--steps", "30", "-o", tuned,
                            "--json"))
     assert out["programs"] > 5 and out["loss"] < out["loss_before"]

@@ -35,6 +35,9 @@ def add_commands(register: Any) -> None:
         add_seed(p, "the initial weights, the programs sampled and the batches")
         p.add_argument("--out", "-o", required=True, help="weights file to write (.pt)")
         p.add_argument("--json", action="store_true")
+    pretrain.add_argument("--target", "-t", action="append", default=[],
+                          help="also write every task for this device, repeatable, as for `run` (e.g. a CPU the "
+                               "dataset measured none of them on: the model learns its programs and its word)")
     pretrain.add_argument("--per-sketch", type=count(1), default=48, help="random programs per sketch (default 48)")
     pretrain.add_argument("--layers", type=count(1), default=4, help="transformer layers (default 4)")
     pretrain.add_argument("--width", type=count(1), default=128, help="embedding width (default 128)")
@@ -78,7 +81,7 @@ def cmd_tlm(args: argparse.Namespace) -> int:
     return {"pretrain": _pretrain, "finetune": _finetune, "loop": _loop}[args.tlm_command](args)
 
 
-def _pairs(args: argparse.Namespace) -> tuple[Any, list]:
+def _pairs(args: argparse.Namespace, targets: list[str] = ()) -> tuple[Any, list]:
     from tunecore.dataset import Dataset
     from tunecore_tlm_generator.training import task_targets
 
@@ -87,7 +90,7 @@ def _pairs(args: argparse.Namespace) -> tuple[Any, list]:
     unknown = set(exclude) - dataset.workloads()
     if unknown:
         raise UsageError(f"--exclude: {args.dataset} has no workload {sorted(unknown)[0]}")
-    pairs = task_targets(dataset, exclude)
+    pairs = task_targets(dataset, exclude, targets)
     if not pairs:
         raise UsageError(f"{args.dataset}: no tasks left to train on")
     return dataset, pairs
@@ -96,7 +99,8 @@ def _pairs(args: argparse.Namespace) -> tuple[Any, list]:
 def _pretrain(args: argparse.Namespace) -> int:
     import torch
 
-    from tunecore.targets import physical_cores
+    from tunecore.targets import physical_cores, resolve_target
+    from tunecore.tvmjson import target_to_json
     from tunecore_tlm_generator import model as lm
     from tunecore_tlm_generator.sentences import Vocabulary
     from tunecore_tlm_generator.training import (
@@ -111,10 +115,11 @@ def _pretrain(args: argparse.Namespace) -> int:
     )
 
     torch.set_num_threads(physical_cores())
-    dataset, pairs = _pairs(args)
+    targets = sorted({target_to_json(resolve_target(spec)) for spec in args.target})
+    dataset, pairs = _pairs(args, targets)
     started = time.perf_counter()
     settings = {"dataset": os.path.abspath(args.dataset), "exclude": args.exclude, "per_sketch": args.per_sketch,
-                "seed": args.seed}
+                "seed": args.seed, "targets": targets}
     corpus_path = args.out + CORPUS
     corpus = load_corpus(corpus_path, settings)
     if corpus is None:

@@ -15,14 +15,16 @@ from tunecore.interfaces import Progress
 from tunecore_tlm_generator.sentences import SketchPrompt, Unexpressible
 
 
-def task_targets(dataset: Any, exclude: Sequence[str] = ()) -> list[tuple[Any, str]]:
-    """(dataset task, target JSON) for every task measured on a target, without the tasks of ``exclude``d workloads.
+def task_targets(dataset: Any, exclude: Sequence[str] = (), targets: Sequence[str] = ()) -> list[tuple[Any, str]]:
+    """(dataset task, target JSON) for every task measured on a target, and for every task on each of ``targets``
+    (target JSONs), without the tasks of ``exclude``d workloads.
 
     A kernel that also occurs in an excluded workload is excluded with it (TLM's hold-out): a network
     held out for evaluation must not have any of its kernels in training.
     """
     excluded = set(exclude)
     pairs = {(row.task_key, row.target) for row in dataset.rows}
+    pairs |= {(key, target) for key in {key for key, _ in pairs} for target in targets}
     return [(dataset.tasks[key], target) for key, target in sorted(pairs)
             if not excluded & set(dataset.tasks[key].workloads)]
 
