@@ -41,7 +41,7 @@ from tunecore.roles import (
 )
 from tunecore.space import DesignSpace
 from tunecore.tuner import derive_seed
-from tunecore.tvmjson import new_schedule, replay_trace_json, target_from_json, to_plain
+from tunecore.tvmjson import new_schedule, replay_trace_json, target_from_json, target_to_json, to_plain
 from tunecore.workloads import has_kernel
 
 __all__ = [
@@ -52,5 +52,5 @@ __all__ = [
     "compare_outputs", "derive_seed", "device_features", "distinct", "error_line", "has_kernel", "is_int",
     "is_number", "load_checkpoint", "load_model_json", "load_model_torch", "new_schedule", "program_row",
     "replay_trace_json", "save_checkpoint", "save_model_json", "save_model_torch", "target_from_json",
-    "task_inputs", "to_plain",
+    "target_to_json", "task_inputs", "to_plain",
 ]

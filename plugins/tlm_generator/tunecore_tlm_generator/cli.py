@@ -99,8 +99,8 @@ def _pairs(args: argparse.Namespace, targets: list[str] = ()) -> tuple[Any, list
 def _pretrain(args: argparse.Namespace) -> int:
     import torch
 
+    from tunecore.interfaces import target_to_json
     from tunecore.targets import physical_cores, resolve_target
-    from tunecore.tvmjson import target_to_json
     from tunecore_tlm_generator import model as lm
     from tunecore_tlm_generator.sentences import Vocabulary
     from tunecore_tlm_generator.training import (
