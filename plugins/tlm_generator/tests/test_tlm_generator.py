@@ -17,7 +17,7 @@ from tunecore_tlm_generator.sketches import apply_decisions, realize, sampled_de
 from tunecore_tlm_generator.training import Sketches, task_targets
 
 from tunecore.dataset.table import Dataset
-from tunecore.targets import cpu_lineage
+from tunecore.targets import cpu_lineage, physical_cores
 from tunecore.testing import SearchPolicyConformance
 from tunecore.testing.cli import assert_one_line_exit_2, cli_json, run_cli
 from tunecore.tvmjson import schedule_key
@@ -386,8 +386,9 @@ def test_the_loop_writes_measures_and_fine_tunes_in_rounds_and_resumes(tmp_path)
     data, out = str(tmp_path / "d.parquet"), str(tmp_path / "loop.pt")
     cli_json(run_cli("dataset", "collect", "--model", "op:matmul-64,op:matmul-128", "--per-task", "3",
                      "--random-fraction", "1", "--anchors", "0", "--out", data, "--json"))
+    # for this CPU with all its cores: the dataset's programs are for one thread (collect's default)
     args = ["tlm", "loop", "-d", data, "--exclude", "op:matmul-128", "--rounds", "2", "--per-round", "3",
-            "--steps", "4", "--batch-size", "4", "--teachers", data, "-o", out, "--json"]
+            "--steps", "4", "--batch-size", "4", "--teachers", data, "--target", "llvm", "-o", out, "--json"]
     stopped = cli_json(run_cli(*args, "--time-limit", "0.1"))  # stops after its first measurements
     assert not stopped["done"] and [r["round"] for r in stopped["rounds"]] == [0]
     result = cli_json(run_cli(*args))  # resumes
@@ -401,6 +402,7 @@ def test_the_loop_writes_measures_and_fine_tunes_in_rounds_and_resumes(tmp_path)
     programs = Dataset.load(result["programs"])
     assert {w for t in programs.tasks.values() for w in t.workloads} == {"op:matmul-64"}
     assert len(programs.rows) >= 6 and {r.collected_by for r in programs.rows} == {"tlm"}
+    assert {json.loads(r.target)["num-cores"] for r in programs.rows} == {physical_cores()}
     _, _, metadata = lm.load(out)
     assert metadata["stage"] == "loop" and metadata["round"] == 2 and os.path.exists(out + ".round1.pt")
     assert lm.held_out_workloads(metadata) == ["op:matmul-128"] and metadata["base"]["tasks"] > 0  # what it came from
@@ -410,6 +412,8 @@ def test_the_loop_writes_measures_and_fine_tunes_in_rounds_and_resumes(tmp_path)
     keys = [(r.task_key, r.program_key) for r in programs.rows]
     assert len(keys) == len(set(keys))  # the resumed round wrote new programs, not the same again
     assert_one_line_exit_2(run_cli(*args, "--per-round", "4"), "a loop with other settings")
+    assert_one_line_exit_2(run_cli(*[a for a in args if a not in ("--target", "llvm")]), "a loop with other settings")
+    assert_one_line_exit_2(run_cli(*args, "--target", "{bad"), "--target", "not valid JSON")
     assert_one_line_exit_2(run_cli("tlm", "loop", "-d", data, "--exclude", "op:matmul-64,op:matmul-128",
                                    "-o", out), "no training workload")
     assert_one_line_exit_2(run_cli("tlm", "loop", "-d", data, "--exclude", "zoo:resnet18", "-o", out),

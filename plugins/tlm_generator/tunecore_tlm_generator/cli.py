@@ -61,6 +61,9 @@ def add_commands(register: Any) -> None:
                            "dataset export`")
     loop.add_argument("--weights", default="shipped-base",
                       help="the base weights every round is fine-tuned from: 'shipped-base' or a file")
+    loop.add_argument("--target", "-t", action="append", default=[],
+                      help="a device to write and measure the programs for, repeatable, as for `dataset collect` "
+                           "(default: this CPU with one thread; `llvm` for all its cores)")
     loop.add_argument("--rounds", type=count(1), default=4, help="rounds (default 4)")
     loop.add_argument("--per-round", type=count(1), default=16, help="programs written per task and round (default 16)")
     loop.add_argument("--temperature", type=number(1e-3, 10), default=1.0, help="sampling temperature (default 1)")
@@ -211,7 +214,7 @@ def _loop(args: argparse.Namespace) -> int:
                     models=args.model, kernels=args.kernels, teachers=args.teachers, weights=args.weights,
                     rounds=args.rounds, per_round=args.per_round, temperature=args.temperature, top=args.top,
                     steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
-                    time_limit=args.time_limit)
+                    time_limit=args.time_limit, targets=args.target)
     with render.tracker(transient=args.json) as on_progress:
         result = run_loop(plan, on_progress)
     if args.json:

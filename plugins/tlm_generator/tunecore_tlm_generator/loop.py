@@ -31,7 +31,8 @@ import time
 from typing import Any, Callable, Sequence
 
 from tunecore.dataset import CollectPlan, Dataset, collect
-from tunecore.interfaces import CHECKPOINT, Progress, UsageError, has_kernel
+from tunecore.interfaces import CHECKPOINT, Progress, UsageError, has_kernel, target_to_json
+from tunecore.targets import resolve_target
 from tunecore_tlm_generator import model as lm
 from tunecore_tlm_generator.search import SHIPPED_BASE
 from tunecore_tlm_generator.training import (
@@ -64,6 +65,7 @@ class LoopPlan:
     seed: int = 0
     time_limit: float | None = None  # seconds of measuring in this invocation (resumable); a round's training runs on
     programs: str | None = None  # the loop's dataset file (default: OUT.programs.parquet)
+    targets: Sequence[str] = ()  # devices the programs are written for and measured on (default: as collect's)
 
 
 def run_loop(plan: LoopPlan, on_progress: Callable[[Progress], None] | None = None) -> dict[str, Any]:
@@ -89,7 +91,9 @@ def run_loop(plan: LoopPlan, on_progress: Callable[[Progress], None] | None = No
     # every kernel a held-out workload has is neither written nor measured, also where a training workload shares it
     held_keys = frozenset(key for d in datasets for key, t in d.tasks.items() if set(plan.exclude) & set(t.workloads))
     log_path = plan.out + ROUNDS_LOG
-    settings = _settings(plan, base, models)
+    # resolved here: `llvm` on another CPU is another device, so another loop's log
+    targets = sorted({target_to_json(resolve_target(spec)) for spec in plan.targets})
+    settings = _settings(plan, base, models, targets)
     done, round_starts = _read_log(log_path, settings)
     if 0 not in done:
         done[0] = {"round": 0, "weights": base, "settings": settings, **_held_out_losses(lm.load(base)[0], vocab,
@@ -107,7 +111,8 @@ def run_loop(plan: LoopPlan, on_progress: Callable[[Progress], None] | None = No
         # a seed of its own for each invocation of the round: a resumed one writes new programs, not the same again
         already = len(Dataset.load(programs_path).rows) if os.path.exists(programs_path) else 0
         collected = collect(programs_path, CollectPlan(
-            models, per_task=round_ * plan.per_round, random_fraction=0.0, search="tlm", cost_model="none",
+            models, targets=targets or None, per_task=round_ * plan.per_round, random_fraction=0.0, search="tlm",
+            cost_model="none",
             options={"search": {"weights": done[round_ - 1]["weights"], "online": False,
                                 "temperature": plan.temperature}},
             seed=plan.seed + 7919 * round_ + already, time_limit=left, anchors=0, kernels=tuple(plan.kernels),
@@ -151,12 +156,13 @@ def _round(plan: LoopPlan, round_: int, base: str, vocab: Any, datasets: list, p
             "examples": len(examples), "steps": steps, **_held_out_losses(model, vocab, held_out)}
 
 
-def _settings(plan: LoopPlan, base: str, models: list[str]) -> dict[str, Any]:
-    """What a loop's rounds depend on: a log written with other settings is another loop's."""
+def _settings(plan: LoopPlan, base: str, models: list[str], targets: list[str]) -> dict[str, Any]:
+    """What a loop's rounds depend on: a log written with other settings is another loop's. (Logs of loops
+    on the default device have no targets.)"""
     return {"weights": os.path.abspath(base), "datasets": [os.path.abspath(p) for p in plan.datasets],
             "exclude": sorted(plan.exclude), "models": models, "kernels": sorted(plan.kernels),
             "teachers": [os.path.abspath(p) for p in plan.teachers], "per_round": plan.per_round,
-            "temperature": plan.temperature, "top": plan.top}
+            "temperature": plan.temperature, "top": plan.top, **({"targets": targets} if targets else {})}
 
 
 def _wanted(pairs: list, kernels: Sequence[str]) -> list:
