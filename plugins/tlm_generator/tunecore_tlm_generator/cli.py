@@ -102,8 +102,7 @@ def _pairs(args: argparse.Namespace, targets: list[str] = ()) -> tuple[Any, list
 def _pretrain(args: argparse.Namespace) -> int:
     import torch
 
-    from tunecore.interfaces import target_to_json
-    from tunecore.targets import physical_cores, resolve_target
+    from tunecore.targets import physical_cores
     from tunecore_tlm_generator import model as lm
     from tunecore_tlm_generator.sentences import Vocabulary
     from tunecore_tlm_generator.training import (
@@ -114,11 +113,12 @@ def _pretrain(args: argparse.Namespace) -> int:
         load_corpus,
         random_programs,
         remove_checkpoints,
+        resolved_targets,
         save_corpus,
     )
 
     torch.set_num_threads(physical_cores())
-    targets = sorted({target_to_json(resolve_target(spec)) for spec in args.target})
+    targets = resolved_targets(args.target)
     dataset, pairs = _pairs(args, targets)
     started = time.perf_counter()
     settings = {"dataset": os.path.abspath(args.dataset), "exclude": args.exclude, "per_sketch": args.per_sketch,

@@ -31,14 +31,14 @@ import time
 from typing import Any, Callable, Sequence
 
 from tunecore.dataset import CollectPlan, Dataset, collect
-from tunecore.interfaces import CHECKPOINT, Progress, UsageError, has_kernel, target_to_json
-from tunecore.targets import resolve_target
+from tunecore.interfaces import CHECKPOINT, Progress, UsageError, has_kernel
 from tunecore_tlm_generator import model as lm
 from tunecore_tlm_generator.search import SHIPPED_BASE
 from tunecore_tlm_generator.training import (
     Sketches,
     best_programs,
     remove_checkpoints,
+    resolved_targets,
     task_targets,
     train,
 )
@@ -91,8 +91,7 @@ def run_loop(plan: LoopPlan, on_progress: Callable[[Progress], None] | None = No
     # every kernel a held-out workload has is neither written nor measured, also where a training workload shares it
     held_keys = frozenset(key for d in datasets for key, t in d.tasks.items() if set(plan.exclude) & set(t.workloads))
     log_path = plan.out + ROUNDS_LOG
-    # resolved here: `llvm` on another CPU is another device, so another loop's log
-    targets = sorted({target_to_json(resolve_target(spec)) for spec in plan.targets})
+    targets = resolved_targets(plan.targets)  # `llvm` on another CPU is another device: another loop's log
     settings = _settings(plan, base, models, targets)
     done, round_starts = _read_log(log_path, settings)
     if 0 not in done:

@@ -15,6 +15,15 @@ from tunecore.interfaces import Progress
 from tunecore_tlm_generator.sentences import SketchPrompt, Unexpressible
 
 
+def resolved_targets(specs: Sequence[str]) -> list[str]:
+    """The target JSONs of devices given as for `run` (`llvm`, a tag, JSON), sorted, each once: a setting that
+    names this CPU as `llvm` names it exactly, so another CPU's `llvm` is another setting."""
+    from tunecore.interfaces import target_to_json
+    from tunecore.targets import resolve_target
+
+    return sorted({target_to_json(resolve_target(spec)) for spec in specs})
+
+
 def task_targets(dataset: Any, exclude: Sequence[str] = (), targets: Sequence[str] = ()) -> list[tuple[Any, str]]:
     """(dataset task, target JSON) for every task measured on a target, and for every task on each of ``targets``
     (target JSONs), without the tasks of ``exclude``d workloads.
