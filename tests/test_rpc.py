@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import signal
 import threading
 import time
@@ -95,12 +96,36 @@ def test_the_device_links_a_tar_of_objects(fleet, target, matmul_task):
 
 
 def test_waiting_for_a_device_does_not_count_against_the_run_timeout(fleet, target):
-    """Six candidates of about 1 s on two devices under a 2.5 s timeout: the last ones wait about 2 s for a
-    device, so waiting and running together exceed the timeout, and none times out."""
-    task, naive = _naive("matmul-512", 6)
-    measurer = LocalMeasurer(target, **fleet.options(run_timeout=2.5, repeat=1, min_repeat_ms=0, screen=0))
+    """Candidates wait for one of two devices under a timeout of twice one candidate's session (measured first,
+    so that the test holds on a fast CPU and a loaded one alike): there are enough of them that the last ones
+    wait longer than the timeout, so waiting and running together exceed it, and none times out."""
+    task, (naive,) = _naive("matmul-512", 1)
+    options = fleet.options(repeat=1, min_repeat_ms=0, screen=0)
+    probe = LocalMeasurer(target, **options, run_timeout=60)
+    sessions: list[float] = []
+    run_on = probe.runner._run_on
+
+    def timed_run_on(*args):
+        start = time.monotonic()
+        try:
+            return run_on(*args)
+        finally:
+            sessions.append(time.monotonic() - start)
+
+    probe.runner._run_on = timed_run_on
     try:
-        results = measurer.measure(task, naive)
+        (first,) = probe.measure(task, [naive])
+    finally:
+        probe.close()
+    assert first.error is None and len(sessions) == 1, first.error
+    session_s = sessions[0]  # the candidate's session: upload, the checked run, the timed ones
+    timeout = 2 * session_s + 0.5  # slack for a session slowed by other work on the machine
+    copies = 2 * (math.ceil(timeout / session_s) + 2)  # on two devices the last wait > timeout / session_s + 1 sessions
+    measurer = LocalMeasurer(target, **options, run_timeout=timeout)
+    try:
+        start = time.monotonic()
+        results = measurer.measure(task, [naive] * copies)
+        assert time.monotonic() - start > timeout  # the premise: the round outlasted the timeout
         assert all(r.error is None for r in results), [r.error for r in results]
     finally:
         measurer.close()
