@@ -395,15 +395,18 @@ class MeasurerConformance(_TargetComponentSuite):
         (the screen), and a single call reads above the steady state (CI saw 105-112 us against 74-83)."""
         small, large = (_unscheduled(f"matmul-{m}x64x64", task.target) for m in (24, 96))
         latencies: dict[str, list[float]] = {"small": [], "large": []}
-        for _ in range(5):  # alternating
+        # A neighbour on a shared machine slows whole measurements (CI's 2-core machines, tests in two processes),
+        # so the fastest of each is the undisturbed one; with a busy neighbour five pairs may hold none, so pairs
+        # go on (up to 25) until the fastest agree. A measurer whose latencies do not follow the work never does.
+        for passes in range(1, 26):  # alternating
             (a,) = component.measure(small.task, [small])
             (b,) = component.measure(large.task, [large])
             assert a.error is None and b.error is None, (a.error, b.error)
             latencies["small"].append(a.latency)
             latencies["large"].append(b.latency)
-        # A neighbour on a shared machine slows whole measurements on CI's 2-core machines, so the fastest of each
-        # is the undisturbed one.
-        ratio = min(latencies["large"]) / min(latencies["small"])
+            ratio = min(latencies["large"]) / min(latencies["small"])
+            if passes >= 5 and 3.0 < ratio < 5.3:
+                break
         assert 3.0 < ratio < 5.3, (ratio, latencies)
 
     def test_latency_agrees_with_time_evaluator(self, component: Any, task: Task) -> None:

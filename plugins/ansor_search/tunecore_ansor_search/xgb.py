@@ -51,11 +51,11 @@ class XGBModel(CostModel):
             cache_size=(cache_size, is_int(cache_size, 0), "an integer >= 0"),
             threads=(threads, threads is None or is_int(threads, 1), "an integer >= 1"),
         )
-        from tunecore.targets import physical_cores
+        from tunecore.targets import model_threads
 
         self.objective = objective
         self.rounds, self.min_data = rounds, min_data
-        self.threads = threads or physical_cores()
+        self.threads = threads or model_threads()
         self.params = {"max_depth": max_depth, "eta": eta, "min_child_weight": 0, "gamma": 1e-3,
                        "nthread": self.threads, "seed": self.seed, "verbosity": 0}
         self.booster: Any = None

@@ -60,11 +60,11 @@ class CDMPPModel(CostModel):
                          "a number between 0 and 100"),
             threads=(threads, threads is None or is_int(threads, 1), "an integer >= 1"),
         )
-        from tunecore.targets import physical_cores
+        from tunecore.targets import model_threads
 
         self.weights, self.online = weights, online
         self.epochs, self.online_steps, self.batch_size, self.lr = epochs, online_steps, batch_size, lr
-        self.threads = threads or physical_cores()
+        self.threads = threads or model_threads()
         self.asts = CompactASTs(self.threads)
         self.predictor = self._initial_predictor()
         self.rank_weight_option = rank_weight

@@ -101,9 +101,9 @@ class NcuModel(CostModel):
             objective=(objective, objective in ("latency", "rank"), "latency or rank"),
             threads=(threads, threads is None or is_int(threads, 1), "an integer >= 1"),
         )
-        from tunecore.targets import physical_cores
+        from tunecore.targets import model_threads
 
-        self.threads = threads or physical_cores()
+        self.threads = threads or model_threads()
         self.stage_a_rounds = stage_a_rounds
         self.rounds, self.folds, self.min_profiles, self.min_data = rounds, folds, min_profiles, min_data
         self.static, self.objective = static, objective

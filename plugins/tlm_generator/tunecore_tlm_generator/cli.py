@@ -102,7 +102,7 @@ def _pairs(args: argparse.Namespace, targets: list[str] = ()) -> tuple[Any, list
 def _pretrain(args: argparse.Namespace) -> int:
     import torch
 
-    from tunecore.targets import physical_cores
+    from tunecore.targets import model_threads, physical_cores
     from tunecore_tlm_generator import model as lm
     from tunecore_tlm_generator.sentences import Vocabulary
     from tunecore_tlm_generator.training import (
@@ -117,7 +117,7 @@ def _pretrain(args: argparse.Namespace) -> int:
         save_corpus,
     )
 
-    torch.set_num_threads(physical_cores())
+    torch.set_num_threads(model_threads())
     targets = resolved_targets(args.target)
     dataset, pairs = _pairs(args, targets)
     started = time.perf_counter()
@@ -167,12 +167,12 @@ def _finetune(args: argparse.Namespace) -> int:
     import torch
 
     from tunecore.dataset import device_of
-    from tunecore.targets import physical_cores
+    from tunecore.targets import model_threads
     from tunecore_tlm_generator import model as lm
     from tunecore_tlm_generator.search import SHIPPED_BASE
     from tunecore_tlm_generator.training import Sketches, best_programs, describe, remove_checkpoints
 
-    torch.set_num_threads(physical_cores())
+    torch.set_num_threads(model_threads())
     path = SHIPPED_BASE if args.weights == "shipped-base" else args.weights
     try:
         model, vocab, metadata = lm.load(path)

@@ -71,10 +71,10 @@ class TLMSearch(SearchPolicy):
         )
         import torch
 
-        from tunecore.targets import physical_cores
+        from tunecore.targets import model_threads
         from tunecore_tlm_generator import model as lm
 
-        torch.set_num_threads(threads or physical_cores())
+        torch.set_num_threads(threads or model_threads())
         path = {"shipped": SHIPPED, "shipped-base": SHIPPED_BASE}.get(weights, weights)
         try:
             self.model, self.vocab, self.metadata = lm.load(path)

@@ -222,7 +222,8 @@ def test_cli_transfers_from_a_store_filled_by_an_earlier_run(tmp_path):
     # how much faster the donor's tiled schedules run is a timing (30-47x on a quiet znver3, 2026-11-23): only
     # that the report says it of these records is checked
     assert report["speedup_over_untuned"] == pytest.approx(untuned / min(transferred))
-    table = run_cli("run", "--model", "op:matmul-96x64x80", "--search", "transfer", "--trials", "8", "--store", store)
+    table = run_cli("run", "--model", "op:matmul-96x64x80", "--search", "transfer", "--trials", "8", "--store", store,
+                    env={"COLUMNS": ""})  # piped: the table keeps its natural width, no header is folded
     assert "donor model" in table.stdout and "op:matmul-64" in table.stdout
 
 
