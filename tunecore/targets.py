@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 from tunecore.errors import UsageError
 
 # public (see tunecore.interfaces): what plugins may import from this module
-__all__ = ["cpu_lineage", "data_caches", "device_descriptor", "device_id", "host_target", "physical_cores",
-           "resolve_target"]
+__all__ = ["cpu_lineage", "data_caches", "device_descriptor", "device_id", "host_target", "model_threads",
+           "physical_cores", "resolve_target"]
 
 if TYPE_CHECKING:
     import tvm
