@@ -20,6 +20,11 @@ def _header(kind: str, version: int, metadata: dict[str, Any]) -> dict[str, Any]
     return {"format": f"tunecore-{kind}", "version": version, **metadata}
 
 
+# (file, steps done) of the newest training checkpoint this process wrote or resumed from: what an interrupted
+# command tells the user it kept (tunecore.cli)
+last_checkpoint: tuple[str, int] | None = None
+
+
 def _checked(path: str, metadata: Any, kind: str, version: int) -> dict[str, Any]:
     found = metadata.get("format") if isinstance(metadata, dict) else None
     if found != f"tunecore-{kind}":
@@ -83,7 +88,11 @@ def load_checkpoint(path: str, kind: str, settings: dict[str, Any]) -> tuple[int
         saved, state = load_model_torch(path, f"{kind}-checkpoint", 1)
     except UsageError:
         return None
-    return (int(saved["step"]), state) if saved.get("settings") == settings else None
+    if saved.get("settings") != settings:
+        return None
+    global last_checkpoint
+    last_checkpoint = (path, int(saved["step"]))
+    return last_checkpoint[1], state
 
 
 def save_checkpoint(path: str, kind: str, settings: dict[str, Any], step: int, state: dict[str, Any]) -> None:
@@ -91,6 +100,8 @@ def save_checkpoint(path: str, kind: str, settings: dict[str, Any], step: int, s
     try:
         save_model_torch(partial, f"{kind}-checkpoint", 1, {"settings": settings, "step": step}, state)
         os.replace(partial, path)
+        global last_checkpoint
+        last_checkpoint = (path, step)
     except BaseException:
         if os.path.exists(partial):
             os.remove(partial)

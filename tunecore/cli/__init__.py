@@ -69,6 +69,15 @@ def _interrupt(_signal: int, _frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def _what_is_kept() -> str:
+    from tunecore import modelfile
+
+    if modelfile.last_checkpoint and os.path.exists(modelfile.last_checkpoint[0]):  # removed once training ends
+        path, step = modelfile.last_checkpoint
+        return f"training's state at step {step} is kept in {path} (and every committed round)"
+    return "every committed round is saved"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from tunecore.measure.local import import_tvm_without_torch
 
@@ -86,8 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tunecore: error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("tunecore: interrupted; every committed round is saved, run the same command to resume",
-              file=sys.stderr)
+        print(f"tunecore: interrupted; {_what_is_kept()}, run the same command to resume", file=sys.stderr)
         return 130
     except BrokenPipeError:  # the reader went away (`... --json | head`): stop quietly, as `cat` does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that exiting flushes nothing

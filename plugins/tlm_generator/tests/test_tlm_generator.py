@@ -262,12 +262,16 @@ def test_pretrain_resumes_from_its_checkpoint(bert_tiny, tmp_path):
         lm.train_steps = original
     assert os.path.exists(out + ".ckpt") and os.path.exists(out + ".corpus.npz")
     assert json.loads(torch.load(out + ".ckpt", weights_only=True)["metadata"])["step"] == 100
+    from tunecore.cli import _what_is_kept  # what the stopped command tells the user
+
+    assert f"training's state at step 100 is kept in {out}.ckpt" in _what_is_kept()
     resumed = cli_json(run_cli(*args, "--steps", "120"))
     assert resumed["held_out_loss"] == pytest.approx(first["held_out_loss"], rel=1e-4)
     # the weights of a run that was never stopped: the same batches, the same dropout
     assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-6)
                for a, b in zip(lm.load(out)[0].state_dict().values(), first_model.state_dict().values()))
     assert not os.path.exists(out + ".ckpt")
+    assert _what_is_kept() == "every committed round is saved"  # nothing of a finished training is left
 
 
 def tlm_cli_args(args: list[str]):
