@@ -2,7 +2,8 @@
 
     python bench/cdmpp.py [--dataset datasets/cpu-programs-v2.parquet] [--cost-model cdmpp,xgb]
                           [--finetune-tasks 10] [--finetune-per-task 16] [--held-out-device ID]
-                          [--rank-weight W] [--splits cross-model,protocol,cross-device,fine-tuned] [--name NAME]
+                          [--rank-weight W] [--ensemble K] [--name NAME]
+                          [--splits cross-model,protocol,cross-device,fine-tuned]
 
 Everything goes through `tunecore costmodel eval`'s own code (tunecore.dataset.evaluate), each model
 reset first, so the shipped weights do not see the test side:
@@ -95,6 +96,9 @@ def main() -> None:
                              "dataset v1 has too few programs per task: give 64 or 0 for whole tasks)")
     parser.add_argument("--rank-weight", type=float, default=0.0,
                         help="cdmpp's ranking term within tasks (its option rank_weight; default 0)")
+    parser.add_argument("--ensemble", type=int, default=1,
+                        help="cdmpp's networks per model (its option ensemble; default 1): each member's row is "
+                             "reported beside the ensemble's")
     parser.add_argument("--splits", default=",".join(SPLITS),
                         help=f"which splits, of {','.join(SPLITS)} (default: all)")
     parser.add_argument("--name", default="cdmpp", help="results file name (default cdmpp)")
@@ -128,10 +132,11 @@ def main() -> None:
         "environment": environment(),
         "dataset": dataset_record(args.dataset, info, primary=primary, held_out_device=held_out),
         "finetune_tasks": [dataset.tasks[k].name for k in chosen],
-        "cdmpp_options": {"rank_weight": args.rank_weight},
+        "cdmpp_options": {"rank_weight": args.rank_weight, "ensemble": args.ensemble},
         "results": {name: evaluate(dataset, s, models, seed=args.seed,
                                    group_size=ranking_group_size(s.spec, args.group_size),
-                                   options={"cdmpp": {"rank_weight": args.rank_weight}})
+                                   options={"cdmpp": {"rank_weight": args.rank_weight,
+                                                      "ensemble": args.ensemble}})
                     for name, s in splits.items()},
     }
     if {"cdmpp", "xgb"} <= set(models):
@@ -148,7 +153,8 @@ def markdown(report: dict) -> str:
         f"holds out {data['devices'][data['held_out_device']]}."
         + (f" Fine-tuning tasks (KMeans): {', '.join(report['finetune_tasks'])}." if report["finetune_tasks"] else ""),
         f"Command: `{report['command']}`. Paper (TenSet, GPUs and CPUs): 14.03% MAPE cross-model, 10.85% "
-        f"cross-device. cdmpp's ranking term: rank_weight {report.get('cdmpp_options', {}).get('rank_weight', 0)}.",
+        f"cross-device. cdmpp's options: "
+        + ", ".join(f"{k} {v}" for k, v in report.get("cdmpp_options", {"rank_weight": 0}).items()) + ".",
         "",
     ]
     lines += split_tables(report["results"], COLUMNS)

@@ -134,6 +134,11 @@ class CostModel(Component):
         """Predicted seconds per candidate on ``self.device``; only for models with ``predicts_latency``."""
         raise NotImplementedError(f"cost model '{self.name}' ranks candidates but does not predict latency")
 
+    def members(self) -> list[CostModel]:
+        """An ensemble's members, each predicting alone from what the ensemble learned (``tunecore costmodel
+        eval`` reports each beside the ensemble); [] for a model that is not an ensemble."""
+        return []
+
     def device_note(self, device: dict[str, Any]) -> str | None:
         """What a user should know before trusting predictions for ``device`` (a device descriptor), e.g. that
         the model never learned from it; None: nothing. ``tunecore predict`` prints it."""

@@ -53,7 +53,9 @@ def cmd_costmodel(args: argparse.Namespace) -> int:
 def print_table(result: dict[str, Any]) -> None:
     from rich.table import Table
 
-    models = {**result["models"], **result.get("references", {})}
+    from tunecore.dataset.evaluate import table_rows
+
+    models = table_rows(result)
     columns = list(dict.fromkeys(k for metrics in models.values() for k in metrics))
     table = Table(title=f"split {result['split']}: train {result['train']['measurements']} measurements, "
                         f"test {result['test']['measurements']} programs in {result['test']['groups']} task x device "

@@ -29,6 +29,9 @@ Beside the models, every report has two reference rows (``references``):
   model can be expected to agree with the labels better than the machine agrees with itself. It covers the
   tested programs that have a second label (``programs``); none without them.
 
+A model that is an ensemble (``CostModel.members``) has each member's metrics too (``members``): what
+averaging gains over one of them, measured on the same training.
+
 With ``group_size`` N, each tested (task, device) group is cut into disjoint groups of exactly N programs
 (chosen by seed; groups smaller than N are left out), so that recall@k means the same in every row (chance
 k / N: 0.25 for recall@32 in groups of 128, as the ncu paper's).
@@ -77,6 +80,16 @@ def evaluate(dataset: Dataset, split: Split, model_names: Sequence[str], *, seed
     out["references"] = {"per-task constant (floor)": constant_floor(test, split, seed),
                          "second labels (ceiling)": noise_ceiling(test, split, seed)}
     return out
+
+
+def table_rows(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """An ``evaluate`` result's rows: each model, its ensemble's members after it, then the references."""
+    rows = {}
+    for name, metrics in result["models"].items():
+        rows[name] = {k: v for k, v in metrics.items() if k != "members"}
+        for i, member in enumerate(metrics.get("members", [])):
+            rows[f"{name} member {i + 1}"] = member
+    return {**rows, **result.get("references", {})}
 
 
 def fixed_size_groups(test: list, size: int, seed: int) -> list:
@@ -166,7 +179,11 @@ def _evaluate_one(registry: Any, name: str, train: list, test: list, split: Spli
             if batches:
                 model.update_all(batches)
         train_s = time.perf_counter() - started
-        metrics = held_out_metrics(model, test, [split.weights.get(t.workload_hash, 1) for t, *_ in test], seed)
+        weights = [split.weights.get(t.workload_hash, 1) for t, *_ in test]
+        metrics = held_out_metrics(model, test, weights, seed)
+        members = [held_out_metrics(member, test, weights, seed) for member in model.members()]
+        if members:
+            metrics["members"] = members
     finally:
         model.close()
     return {**metrics, "train_s": round(train_s, 3)}

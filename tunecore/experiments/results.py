@@ -68,6 +68,7 @@ def dataset_line(data: dict[str, Any]) -> str:
 def split_tables(results: dict[str, dict], columns: Sequence[str]) -> list[str]:
     """Markdown lines: per split of ``tunecore.dataset.evaluate`` results, its sizes and a row per cost model."""
     from tunecore.cli.render import cell
+    from tunecore.dataset.evaluate import table_rows
 
     lines = []
     for name, result in results.items():
@@ -75,7 +76,7 @@ def split_tables(results: dict[str, dict], columns: Sequence[str]) -> list[str]:
                   f"train {result['train']['measurements']} measurements, test {result['test']['measurements']} "
                   f"programs in {result['test']['groups']} task x device groups", "",
                   "| cost model | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
-        for model, metrics in {**result["models"], **result.get("references", {})}.items():
+        for model, metrics in table_rows(result).items():
             lines.append(f"| {model} | " + " | ".join(cell(metrics.get(c)) for c in columns) + " |")
         lines.append("")
     return lines

@@ -153,6 +153,89 @@ def test_training_stopped_resumes_from_its_checkpoint(shipped, tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(resumed.net.state_dict().values(), whole.net.state_dict().values()))
 
 
+def test_an_ensemble_averages_its_members_resumes_and_round_trips(shipped, slice_path, tmp_path, monkeypatch):
+    from tunecore_cdmpp_predictor import model as model_module
+
+    monkeypatch.setattr(model_module, "CHECKPOINT_EVERY", 15)
+    primary = next(iter(shipped.info()["devices"]))
+    programs, latencies = [], []
+    for task, candidates, results, _ in _groups(shipped, primary, "zoo:bert-tiny", 4):
+        for ast, r in zip(CompactASTs(threads=2)(task, candidates), results):
+            programs.append(ast)
+            latencies.append(r.latency)
+    devices = np.repeat(device_features(shipped.devices[primary])[None, :], len(programs), axis=0)
+    checkpoint = str(tmp_path / "m.pt.ckpt")
+    steps: list[int] = []
+
+    def fit(predictor: Predictor, saving: bool = True, last: int = -1) -> Predictor:
+        def on_step(step: int, loss: float) -> None:
+            steps.append(step)
+            if step == last:
+                raise KeyboardInterrupt
+
+        predictor.fit(programs, devices, np.array(latencies), steps=40, batch_size=16, on_step=on_step,
+                      checkpoint=checkpoint if saving else None, settings={"command": "a test"})
+        return predictor
+
+    def same(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+        return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+    whole = fit(Predictor(seed=0, members=2), saving=False)
+    assert steps == list(range(80))  # each member's 40 steps, one member after the other
+    assert same(whole.nets[0], fit(Predictor(seed=0), saving=False).net)  # the first member is the single model
+    assert not same(whole.nets[0], whole.nets[1])
+    # stopped within the second member (its checkpoint at step 60) and at the first member's end (step 40)
+    for last, checkpointed in ((70, 60), (42, 40)):
+        if os.path.exists(checkpoint):
+            os.remove(checkpoint)
+        with pytest.raises(KeyboardInterrupt):
+            fit(Predictor(seed=0, members=2), last=last)
+        steps.clear()
+        resumed = fit(Predictor(seed=0, members=2))
+        assert steps == list(range(checkpointed, 80))
+        assert same(resumed.nets[0], whole.nets[0]) and same(resumed.nets[1], whole.nets[1])
+
+    # the ensemble predicts the mean of its members' outputs: between the two members' seconds
+    ensemble, alone = whole.predict(programs, devices), [whole.predict(programs, devices, member=i) for i in (0, 1)]
+    assert np.all(ensemble >= np.minimum(*alone) * (1 - 1e-5)) and np.all(ensemble <= np.maximum(*alone) * (1 + 1e-5))
+    assert np.max(np.abs(np.log(alone[0] / alone[1]))) > 1e-3
+    path = str(tmp_path / "ensemble.pt")
+    whole.save(path)
+    loaded = CDMPPModel(weights=path)
+    assert len(loaded.predictor.nets) == 2
+    np.testing.assert_allclose(loaded.predictor.predict(programs, devices), ensemble, rtol=1e-5)
+    views = loaded.members()
+    assert len(views) == 2 and CDMPPModel(weights="none").members() == []
+    loaded.device = views[1].device = shipped.devices[primary]
+    task, candidates, _, _ = _groups(shipped, primary, "zoo:bert-tiny", 4)[0]
+    n = len(candidates)
+    np.testing.assert_allclose(views[1].predict_latency(task, candidates), alone[1][:n], rtol=1e-5)
+    np.testing.assert_allclose(loaded.predict_latency(task, candidates), ensemble[:n], rtol=1e-5)
+    saved = torch.load(path, weights_only=True)
+    metadata = json.loads(saved["metadata"])
+    for members in (0, 1000, "2"):
+        bad = str(tmp_path / f"members-{members}.pt")
+        torch.save({**saved, "metadata": json.dumps({**metadata, "members": members})}, bad)
+        with pytest.raises(UsageError, match="'members' is"):
+            Predictor.load(bad)
+
+    # `costmodel eval` (and bench/cdmpp.py) report each member beside the ensemble
+    from tunecore.dataset.evaluate import evaluate
+    from tunecore.dataset.split import split
+    from tunecore.experiments import split_tables
+
+    part = Dataset.load(slice_path)
+    result = evaluate(part, split(part, "workload:zoo:bert-tiny", devices=[next(iter(part.info()["devices"]))]),
+                      ["cdmpp"], options={"cdmpp": {"ensemble": 2, "epochs": 1, "batch_size": 8}})
+    members = result["models"]["cdmpp"]["members"]
+    assert len(members) == 2 and all(m["mape"] > 0 and m["groups_ranked"] > 0 for m in members)
+    table = "\n".join(split_tables({"bert-tiny": result}, ["mape"]))
+    assert "| cdmpp member 1 |" in table and "| cdmpp member 2 |" in table
+    for count in (0, 33, True):
+        with pytest.raises(TypeError, match="ensemble must be an integer from 1 to 32"):
+            CDMPPModel(weights="none", ensemble=count)
+
+
 def test_weights_round_trip_without_pickle_and_refuse_other_files(shipped, tmp_path):
     primary = next(iter(shipped.info()["devices"]))
     groups = _groups(shipped, primary, "zoo:bert-tiny", 6)
@@ -234,7 +317,7 @@ def test_train_command_reports_held_out_error_and_predict_uses_its_weights(slice
     assert "zoo:resnet-18" in workloads and "zoo:bert-tiny" not in workloads
     assert trained_on == {"dataset": slice_path, "split": "workload:zoo:bert-tiny", "programs": len(train_rows),
                           "devices": per_device, "workloads": workloads, "epochs": 3, "rank_weight": 0.5,
-                          "max_spread": None, "min_programs": None}
+                          "ensemble": 1, "max_spread": None, "min_programs": None}
     assert not os.path.exists(weights + ".ckpt")  # the checkpoint goes once the weights are written
     model = CDMPPModel(weights=weights)
     assert model.predictor.trained and model.predictor.trained_on == trained_on

@@ -29,6 +29,9 @@ def add_commands(register: Any) -> None:
                        help="passes over the training data (default 150: bench/results/cdmpp_data.md)")
     train.add_argument("--rank-weight", type=number(0, 100), default=0.0,
                        help="weight of a ranking term within tasks in the loss (default 0: MSE and MAPE only)")
+    train.add_argument("--ensemble", type=count(1), default=1,
+                       help="networks to train, each from its own initial weights and batch order, whose predictions "
+                            "are averaged (default 1; K takes K times as long)")
     add_seed(train, "the network's initial weights and the order of batches")
     train.add_argument("--out", "-o", required=True, help="weights file to write (.pt)")
     train.add_argument("--json", action="store_true")
@@ -71,11 +74,13 @@ def _train(args: argparse.Namespace) -> int:
         train_rows = filtered([r for r in dataset.rows if keep is None or r.device_id in keep], args.max_spread,
                               args.min_programs)
         test_rows = []
-    model = CDMPPModel(weights="none", epochs=args.epochs, rank_weight=args.rank_weight, seed=args.seed)
+    model = CDMPPModel(weights="none", epochs=args.epochs, rank_weight=args.rank_weight, ensemble=args.ensemble,
+                       seed=args.seed)
     started = time.perf_counter()
     train = measured_groups(dataset, train_rows)
     _features(model, train, "features")
-    settings = {k: getattr(args, k) for k in ("split", "devices", "max_spread", "min_programs", "epochs", "seed")}
+    settings = {k: getattr(args, k) for k in ("split", "devices", "max_spread", "min_programs", "epochs", "seed",
+                                              "ensemble")}
     with render.tracker(transient=args.json) as on_progress:
         report = model.learn([(t, c, r) for t, c, r, _ in train], on_progress=on_progress,
                              checkpoint=(args.out + CHECKPOINT, settings))
@@ -86,7 +91,8 @@ def _train(args: argparse.Namespace) -> int:
     workloads = sorted({w for r in train_rows for w in dataset.tasks[r.task_key].workloads})
     model.predictor.trained_on = {"dataset": args.dataset, "split": args.split, "programs": report["programs"],
                                   "devices": report["devices"], "workloads": workloads, "epochs": args.epochs,
-                                  "rank_weight": args.rank_weight, "max_spread": args.max_spread,
+                                  "rank_weight": args.rank_weight, "ensemble": args.ensemble,
+                                  "max_spread": args.max_spread,
                                   "min_programs": args.min_programs}
     model.save(args.out)
     if os.path.exists(args.out + CHECKPOINT):

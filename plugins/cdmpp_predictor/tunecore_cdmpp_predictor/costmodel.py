@@ -6,12 +6,14 @@ measured round fine-tunes the adapter of the run's device for ``online_steps`` m
 them from that round (``-O cdmpp.online=false`` turns it off): the shared network, and what it
 predicts for other devices, stays as it was. Given a dataset (``update_all``), an untrained model
 trains the shared network from scratch for ``epochs`` passes; a trained one fine-tunes the adapters
-of the devices the data was measured on.
+of the devices the data was measured on. ``ensemble`` K > 1: a model trained from scratch is K networks
+(model.Predictor), K times the training, whose predictions are averaged; weights from a file bring their own.
 """
 
 from __future__ import annotations
 
 import collections
+import copy
 import json
 import math
 import os
@@ -46,9 +48,11 @@ class CDMPPModel(CostModel):
     target_kinds = frozenset({"llvm", "cuda"})
 
     def __init__(self, *, weights: str = "shipped", online: bool = True, epochs: int = 150, online_steps: int = 50,
-                 batch_size: int = 256, lr: float = 1e-3, rank_weight: float | None = None, threads: int | None = None,
-                 **kwargs: Any):
+                 batch_size: int = 256, lr: float = 1e-3, rank_weight: float | None = None, ensemble: int = 1,
+                 threads: int | None = None, **kwargs: Any):
         super().__init__(**kwargs)
+        from tunecore_cdmpp_predictor.model import MAX_MEMBERS
+
         check_options(
             weights=(weights, isinstance(weights, str) and bool(weights), "'shipped', 'none' or a file"),
             online=(online, isinstance(online, bool), "true or false"),
@@ -58,12 +62,15 @@ class CDMPPModel(CostModel):
             lr=(lr, is_number(lr, 1e-9), "a positive number"),
             rank_weight=(rank_weight, rank_weight is None or is_number(rank_weight, 0, 100),
                          "a number between 0 and 100"),
+            ensemble=(ensemble, is_int(ensemble, 1) and ensemble <= MAX_MEMBERS, f"an integer from 1 to {MAX_MEMBERS}"),
             threads=(threads, threads is None or is_int(threads, 1), "an integer >= 1"),
         )
         from tunecore.targets import model_threads
 
         self.weights, self.online = weights, online
         self.epochs, self.online_steps, self.batch_size, self.lr = epochs, online_steps, batch_size, lr
+        self.ensemble = ensemble
+        self._member: int | None = None  # a view of one member of an ensemble (``members``)
         self.threads = threads or model_threads()
         self.asts = CompactASTs(self.threads)
         self.predictor = self._initial_predictor()
@@ -82,7 +89,7 @@ class CDMPPModel(CostModel):
         torch.set_num_threads(self.threads)
         path = SHIPPED_WEIGHTS if self.weights == "shipped" else None if self.weights == "none" else self.weights
         if path is None or (self.weights == "shipped" and not os.path.exists(path)):
-            return Predictor(seed=self.seed)
+            return Predictor(seed=self.seed, members=self.ensemble)
         try:
             return Predictor.load(path)
         except (ValueError, UsageError) as error:
@@ -92,7 +99,7 @@ class CDMPPModel(CostModel):
         from tunecore.targets import device_id
 
         trained_on = self.predictor.trained_on
-        known = {*trained_on.get("devices", {}), *trained_on.get("adapted", {}), *self.predictor.net.adapters,
+        known = {*trained_on.get("devices", {}), *trained_on.get("adapted", {}), *self.predictor.adapters,
                  *self.own_devices, *(key[2] for key in self.pool)}
         if not self.predictor.trained or device_id(device) in known:
             return None
@@ -129,7 +136,7 @@ class CDMPPModel(CostModel):
     def reset(self) -> None:
         from tunecore_cdmpp_predictor.model import Predictor
 
-        self.predictor = Predictor(seed=self.seed)
+        self.predictor = Predictor(seed=self.seed, members=self.ensemble)
         self.pool.clear()
         self.own_devices = set()
 
@@ -222,8 +229,8 @@ class CDMPPModel(CostModel):
                                   seed=int(self.rng.integers(2**31)),
                                   checkpoint=checkpoint[0] if checkpoint else None,
                                   settings=checkpoint[1] if checkpoint else None,
-                                  on_step=None if on_progress is None
-                                  else lambda i, loss: on_progress(Progress("training", i + 1, steps, loss=loss)))
+                                  on_step=None if on_progress is None else lambda i, loss: on_progress(
+                                      Progress("training", i + 1, steps * len(self.predictor.nets), loss=loss)))
 
     # predicting
 
@@ -250,8 +257,20 @@ class CDMPPModel(CostModel):
         out = np.full(len(candidates), np.nan)
         if have:
             programs = [asts[i] for i in have]
-            out[have] = self.predictor.predict(programs, np.repeat(vector[None, :], len(programs), axis=0), adapter)
+            out[have] = self.predictor.predict(programs, np.repeat(vector[None, :], len(programs), axis=0), adapter,
+                                               member=self._member)
         return out
+
+    def members(self) -> list[CDMPPModel]:
+        """An ensemble's members, each predicting alone (views: they share what the ensemble learned)."""
+        if len(self.predictor.nets) == 1:
+            return []
+        views = []
+        for member in range(len(self.predictor.nets)):
+            view = copy.copy(self)
+            view._member = member
+            views.append(view)
+        return views
 
     # the file
 

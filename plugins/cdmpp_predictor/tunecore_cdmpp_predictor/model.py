@@ -13,9 +13,14 @@ MSE and MAPE can be lowered by getting each task's level right, and on dataset v
 MAPE of the best constant per task, having learned nothing within one; with the term, a batch is made of
 programs of a few (task, device) groups so that it holds pairs to order.
 
+Ensemble: ``members`` networks of the same architecture, each from its own initial weights and batch order,
+sharing the normalizer; a prediction is the mean of their outputs (the transformed target, so the mean is
+taken on a log-like scale, not of seconds). One member is the single network of before, bit for bit.
+
 File: one ``torch.save`` of a dict holding the ``state_dict`` and a JSON string of metadata (format,
-version, architecture, normalizers, what it was trained on); read with ``torch.load(weights_only=True)``,
-which cannot run code.
+version, architecture, members, normalizers, what it was trained on); read with
+``torch.load(weights_only=True)``, which cannot run code. A file of one member holds that network's
+``state_dict`` as it always did; an ensemble's keys start with the member's index.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from tunecore_cdmpp_predictor.features import CompactAST, positional_encoding
 
 VERSION = 1
 CHECKPOINT_EVERY = 250  # steps
+MAX_MEMBERS = 32  # of an ensemble; a file claiming more is not one tunecore wrote
 
 
 @dataclasses.dataclass
@@ -196,35 +202,70 @@ def group_batch(members: Sequence[np.ndarray], batch_size: int, per_group: int,
     return np.concatenate([rng.choice(members[g], size=min(take, len(members[g])), replace=False) for g in chosen])
 
 
+class _TrainingData:
+    """What every member trains on, as tensors."""
+
+    def __init__(self, programs: Sequence[CompactAST], devices: np.ndarray, latencies: np.ndarray,
+                 normalizer: Normalizer, sample_weights: np.ndarray | None, groups: np.ndarray | None):
+        self.programs, self.devices, self.normalizer = programs, devices, normalizer
+        self.target = torch.from_numpy(normalizer.target(programs, latencies))
+        self.gflops = torch.from_numpy(_gflops(programs).astype(np.float32))
+        self.seconds = torch.from_numpy(latencies.astype(np.float32))
+        self.device_tensor = torch.from_numpy(np.asarray(devices, dtype=np.float32))
+        self.p = None if sample_weights is None else sample_weights / sample_weights.sum()
+        self.ranking_groups: list[np.ndarray] | None = None  # each group's programs (None: no ranking term)
+        if groups is not None:
+            inverse = np.unique(groups, return_inverse=True)[1]
+            self.group_tensor = torch.from_numpy(inverse)
+            self.ranking_groups = [np.flatnonzero(inverse == g) for g in range(inverse.max() + 1)]
+
+
 class Predictor:
-    """The network with its normalizer: what a weights file holds.
+    """The network (or an ensemble of them) with its normalizer: what a weights file holds.
 
     ``fit`` without ``adapter`` trains the shared network on programs of any devices. ``fit`` with
     ``adapter`` (a device id) fine-tunes only that device's adapter on its measurements, the shared
     network frozen: predictions for every other device stay exactly what they were.
     """
 
-    def __init__(self, arch: Architecture | None = None, seed: int = 0):
-        torch.manual_seed(seed)
+    def __init__(self, arch: Architecture | None = None, seed: int = 0, members: int = 1):
         self.arch = arch or Architecture()
-        self.net = Net(self.arch)
+        self.nets: list[Net] = []
+        for member in range(members):
+            torch.manual_seed(seed + member)
+            self.nets.append(Net(self.arch))
+            if member == 0:
+                after_first = torch.get_rng_state()
+        torch.set_rng_state(after_first)  # the first member trains as the single network of this seed would
         self.normalizer: Normalizer | None = None
         self.trained_on: dict[str, Any] = {}
+
+    @property
+    def net(self) -> Net:
+        """The first member (the only one, unless an ensemble)."""
+        return self.nets[0]
+
+    @property
+    def adapters(self) -> list[str]:
+        """The devices fine-tuned for (every member has the same adapters)."""
+        return list(self.nets[0].adapters)
 
     @property
     def trained(self) -> bool:
         return self.normalizer is not None
 
     def predict(self, programs: Sequence[CompactAST], devices: np.ndarray, adapter: str | None = None,
-                batch_size: int = 1024) -> np.ndarray:
-        """Seconds per program."""
+                batch_size: int = 1024, member: int | None = None) -> np.ndarray:
+        """Seconds per program: the ensemble's, or one ``member``'s alone."""
         assert self.normalizer is not None
-        self.net.eval()
+        nets = self.nets if member is None else [self.nets[member]]
+        for net in nets:
+            net.eval()
         out = []
         with torch.no_grad():
             for start in range(0, len(programs), batch_size):
                 batch = Batch(programs[start:start + batch_size], devices[start:start + batch_size], self.normalizer)
-                z = self.net(batch.leaves, batch.mask, batch.devices, adapter)
+                z = torch.stack([net(batch.leaves, batch.mask, batch.devices, adapter) for net in nets]).mean(dim=0)
                 out.append(self.normalizer.seconds(z, batch.gflops).numpy())
         return np.concatenate(out) if out else np.zeros(0)
 
@@ -233,90 +274,111 @@ class Predictor:
             sample_weights: np.ndarray | None = None, seed: int = 0, rank_weight: float = 0.0,
             groups: np.ndarray | None = None, per_group: int = 16, checkpoint: str | None = None,
             settings: dict[str, Any] | None = None, on_step: Callable[[int, float], None] | None = None) -> float:
-        """Train for ``steps`` minibatches (fitting the normalizer first if there is none); the last loss.
+        """Train each member for ``steps`` minibatches (fitting the normalizer first if there is none), one after
+        the other (member i draws its batches with ``seed`` + i); the last loss. ``on_step`` counts the steps of
+        all members: ``steps`` x members in all.
 
         ``groups`` (a group id per program: its task and device) with ``rank_weight`` > 0 adds ``rank_loss``, and
         batches are then ``group_batch``es of ``per_group`` programs per group (unless ``sample_weights`` say
         which programs to draw). ``checkpoint``: a file the state is written to every CHECKPOINT_EVERY steps and
-        resumed from when a run with the same ``settings``, options and data wrote it."""
+        when a member is done, and resumed from when a run with the same ``settings``, options and data wrote
+        it."""
         if self.normalizer is None:
             if adapter is not None:
                 raise ValueError("an adapter needs a trained network")
             self.normalizer = Normalizer.fit(programs, latencies)
-        normalizer = self.normalizer
-        rng = np.random.default_rng(seed)
-        target = torch.from_numpy(normalizer.target(programs, latencies))
-        gflops = torch.from_numpy(_gflops(programs).astype(np.float32))
-        seconds = torch.from_numpy(latencies.astype(np.float32))
-        device_tensor = torch.from_numpy(np.asarray(devices, dtype=np.float32))
-        p = None if sample_weights is None else sample_weights / sample_weights.sum()
-        ranking = rank_weight > 0 and groups is not None
-        if ranking:
-            inverse = np.unique(groups, return_inverse=True)[1]
-            group_tensor = torch.from_numpy(inverse)
-            members = [np.flatnonzero(inverse == g) for g in range(inverse.max() + 1)]
-        if adapter is None:
-            parameters = [p for name, p in self.net.named_parameters() if not name.startswith("adapters.")]
-        else:
-            self.net.add_adapter(adapter)
-            parameters = list(self.net.adapters[adapter].parameters())
-            embedded = self._embed(programs, normalizer)  # the frozen part, computed once
-        optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=1e-4)
-        schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=max(steps, 1))
-        done = 0
+        data = _TrainingData(programs, devices, latencies, self.normalizer, sample_weights,
+                             groups if rank_weight > 0 else None)
+        done, state = 0, None
         if checkpoint:
-            data = hashlib.sha256(np.asarray(latencies, dtype=np.float64).tobytes())
-            data.update(np.asarray(devices, dtype=np.float32).tobytes())
+            digest = hashlib.sha256(np.asarray(latencies, dtype=np.float64).tobytes())
+            digest.update(np.asarray(devices, dtype=np.float32).tobytes())
             for program in programs:  # their features too: another tunecore may compute them otherwise
-                data.update(program.features.tobytes())
-                data.update(program.positions.tobytes())
+                digest.update(program.features.tobytes())
+                digest.update(program.positions.tobytes())
             settings = {**(settings or {}), "steps": steps, "adapter": adapter, "batch_size": batch_size, "lr": lr,
                         "mse_weight": mse_weight, "rank_weight": rank_weight, "per_group": per_group, "seed": seed,
-                        "weighted": sample_weights is not None, "data": data.hexdigest()}
-            resumed = load_checkpoint(checkpoint, "cdmpp", settings)
-            if resumed:
-                done, state = resumed
-                self.net.load_state_dict(state["net"])
-                optimizer.load_state_dict(state["optimizer"])
-                schedule.load_state_dict(state["schedule"])
-                rng.bit_generator.state = state["rng"]  # the batches an uninterrupted run would draw next
-                torch.set_rng_state(state["torch_rng"])
-        self.net.train()
+                        "weighted": sample_weights is not None, "members": len(self.nets),
+                        "data": digest.hexdigest()}
+            done, state = load_checkpoint(checkpoint, "cdmpp", settings) or (0, None)
+            if state:
+                torch.set_rng_state(state["torch_rng"])  # dropout's, where an uninterrupted run stood
         loss_value = math.nan
-        for step in range(done, steps):
-            if ranking and p is None:
-                index = group_batch(members, batch_size, per_group, rng)
+        for member, net in enumerate(self.nets):
+            first = member * steps  # the member's first step among all members' steps
+            if done >= first + steps:  # trained before the interruption
+                net.load_state_dict(state["finished"][member])
+                continue
+            resumed = state if done > first else None
+            loss_value = self._fit_member(
+                member, data, first, steps, resumed, adapter=adapter, batch_size=batch_size, lr=lr,
+                mse_weight=mse_weight, seed=seed + member, rank_weight=rank_weight, per_group=per_group,
+                checkpoint=checkpoint, settings=settings or {}, on_step=on_step)
+        return loss_value
+
+    def _fit_member(self, member: int, data: _TrainingData, first: int, steps: int, resumed: dict | None, *,
+                    adapter: str | None, batch_size: int, lr: float, mse_weight: float, seed: int,
+                    rank_weight: float, per_group: int, checkpoint: str | None, settings: dict[str, Any],
+                    on_step: Callable[[int, float], None] | None) -> float:
+        net = self.nets[member]
+        normalizer = data.normalizer
+        rng = np.random.default_rng(seed)
+        if adapter is None:
+            parameters = [p for name, p in net.named_parameters() if not name.startswith("adapters.")]
+        else:
+            net.add_adapter(adapter)
+            parameters = list(net.adapters[adapter].parameters())
+            embedded = self._embed(net, data.programs, normalizer)  # the frozen part, computed once
+        optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=1e-4)
+        schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=max(steps, 1))
+        start = 0
+        if resumed:
+            start = resumed["step"]
+            net.load_state_dict(resumed["net"])
+            optimizer.load_state_dict(resumed["optimizer"])
+            schedule.load_state_dict(resumed["schedule"])
+            rng.bit_generator.state = resumed["rng"]  # the batches an uninterrupted run would draw next
+        total = steps * len(self.nets)
+        net.train()
+        loss_value = math.nan
+        for step in range(start, steps):
+            if data.ranking_groups is not None and data.p is None:
+                index = group_batch(data.ranking_groups, batch_size, per_group, rng)
             else:
-                index = rng.choice(len(programs), size=min(batch_size, len(programs)), replace=p is not None, p=p)
+                index = rng.choice(len(data.programs), size=min(batch_size, len(data.programs)),
+                                   replace=data.p is not None, p=data.p)
             if adapter is None:
-                batch = Batch([programs[i] for i in index], devices[index], normalizer)
-                z = self.net(batch.leaves, batch.mask, batch.devices)
+                batch = Batch([data.programs[i] for i in index], data.devices[index], normalizer)
+                z = net(batch.leaves, batch.mask, batch.devices)
             else:
-                z = self.net.head(embedded[index], device_tensor[index], adapter)
-            loss = mse_weight * torch.mean((z - target[index]) ** 2) + \
-                torch.mean(torch.abs(normalizer.seconds(z, gflops[index]) - seconds[index]) / seconds[index])
-            if ranking:
-                loss = loss + rank_weight * rank_loss(z, target[index], group_tensor[index])
+                z = net.head(embedded[index], data.device_tensor[index], adapter)
+            loss = mse_weight * torch.mean((z - data.target[index]) ** 2) + torch.mean(
+                torch.abs(normalizer.seconds(z, data.gflops[index]) - data.seconds[index]) / data.seconds[index])
+            if data.ranking_groups is not None:
+                loss = loss + rank_weight * rank_loss(z, data.target[index], data.group_tensor[index])
             optimizer.zero_grad()
             loss.backward()
             nn.utils.clip_grad_norm_(parameters, 1.0)
             optimizer.step()
             schedule.step()
             loss_value = loss.item()
+            done = first + step + 1
             if on_step:
-                on_step(step, loss_value)
-            if checkpoint and (step + 1) % CHECKPOINT_EVERY == 0 and step + 1 < steps:
-                save_checkpoint(checkpoint, "cdmpp", settings or {}, step + 1, {
-                    "net": self.net.state_dict(), "optimizer": optimizer.state_dict(),
+                on_step(done - 1, loss_value)
+            if checkpoint and (done % CHECKPOINT_EVERY == 0 or step + 1 == steps) and done < total:
+                finished = [n.state_dict() for n in self.nets[:member + (step + 1 == steps)]]
+                save_checkpoint(checkpoint, "cdmpp", settings, done, {
+                    "step": step + 1, "net": net.state_dict(), "optimizer": optimizer.state_dict(),
                     "schedule": schedule.state_dict(), "rng": rng.bit_generator.state,
-                    "torch_rng": torch.get_rng_state()})
+                    "torch_rng": torch.get_rng_state(), "finished": finished})
         return loss_value
 
-    def _embed(self, programs: Sequence[CompactAST], normalizer: Normalizer, batch_size: int = 1024) -> torch.Tensor:
-        self.net.eval()
+    def _embed(self, net: Net, programs: Sequence[CompactAST], normalizer: Normalizer,
+               batch_size: int = 1024) -> torch.Tensor:
+        net.eval()
         with torch.no_grad():
             return torch.cat([
-                self.net.embed_programs(batch.leaves, batch.mask)
+                net.embed_programs(batch.leaves, batch.mask)
                 for batch in (Batch(programs[i:i + batch_size], np.zeros((0, N_DEVICE_FEATURES)), normalizer)
                               for i in range(0, len(programs), batch_size))
             ])
@@ -326,18 +388,25 @@ class Predictor:
     def save(self, path: str) -> None:
         metadata = {"architecture": dataclasses.asdict(self.arch),
                     "normalizer": None if self.normalizer is None else dataclasses.asdict(self.normalizer),
-                    "adapters": list(self.net.adapters), "trained_on": self.trained_on}
-        save_model_torch(path, "cdmpp", VERSION, metadata, self.net.state_dict())
+                    "members": len(self.nets), "adapters": self.adapters, "trained_on": self.trained_on}
+        save_model_torch(path, "cdmpp", VERSION, metadata, self._module().state_dict())
+
+    def _module(self) -> nn.Module:
+        return self.nets[0] if len(self.nets) == 1 else nn.ModuleList(self.nets)
 
     @classmethod
     def load(cls, path: str) -> Predictor:
         """A UsageError (one line) for a file that is not a cdmpp model of this version."""
         metadata, state_dict = load_model_torch(path, "cdmpp", VERSION)
-        predictor = cls(Architecture(**metadata["architecture"]))
-        for key in metadata.get("adapters", []):
-            predictor.net.add_adapter(key)
+        members = metadata.get("members", 1)
+        if not isinstance(members, int) or not 1 <= members <= MAX_MEMBERS:
+            raise UsageError(f"{path}: 'members' is {members!r}, not a count from 1 to {MAX_MEMBERS}")
+        predictor = cls(Architecture(**metadata["architecture"]), members=members)
+        for net in predictor.nets:
+            for key in metadata.get("adapters", []):
+                net.add_adapter(key)
         try:
-            predictor.net.load_state_dict(state_dict)
+            predictor._module().load_state_dict(state_dict)
         except (KeyError, RuntimeError) as e:
             raise UsageError(f"{path}: weights do not fit the architecture it names ({str(e).splitlines()[0]})") \
                 from None
