@@ -15,7 +15,7 @@ programs of a few (task, device) groups so that it holds pairs to order.
 
 Ensemble: ``members`` networks of the same architecture, each from its own initial weights and batch order,
 sharing the normalizer; a prediction is the mean of their outputs (the transformed target, so the mean is
-taken on a log-like scale, not of seconds). One member is the single network of before, bit for bit.
+taken on a log-like scale, not of seconds). One member is exactly the single network of the same seed.
 
 File: one ``torch.save`` of a dict holding the ``state_dict`` and a JSON string of metadata (format,
 version, architecture, members, normalizers, what it was trained on); read with
