@@ -181,7 +181,9 @@ def _evaluate_one(registry: Any, name: str, train: list, test: list, split: Spli
         train_s = time.perf_counter() - started
         weights = [split.weights.get(t.workload_hash, 1) for t, *_ in test]
         metrics = held_out_metrics(model, test, weights, seed)
-        members = [held_out_metrics(member, test, weights, seed) for member in model.members()]
+        # without a member's programs per second: it reuses the features the ensemble's prediction computed
+        members = [{k: v for k, v in held_out_metrics(member, test, weights, seed).items()
+                    if k != "predict_programs_per_s"} for member in model.members()]
         if members:
             metrics["members"] = members
     finally:
