@@ -59,6 +59,18 @@ def _groups(dataset: Dataset, device: str, workload: str, n: int = 8) -> list:
     return measured_groups(dataset, [r for r in rows if r.latency is not None])
 
 
+def _bert_tiny_programs(dataset: Dataset) -> tuple[list, np.ndarray, np.ndarray]:
+    """4 programs per bert-tiny task on the primary device: compact ASTs, device features, latencies."""
+    primary = next(iter(dataset.info()["devices"]))
+    programs, latencies = [], []
+    for task, candidates, results, _ in _groups(dataset, primary, "zoo:bert-tiny", 4):
+        for ast, r in zip(CompactASTs(threads=2)(task, candidates), results):
+            programs.append(ast)
+            latencies.append(r.latency)
+    devices = np.repeat(device_features(dataset.devices[primary])[None, :], len(programs), axis=0)
+    return programs, devices, np.array(latencies)
+
+
 def test_compact_asts_of_real_tasks_have_one_position_per_store_row_and_are_deterministic(shipped):
     """Every program of resnet-18's and bert-tiny's tasks (4 each): the tree walk finds as many leaves as
     PerStoreFeature has rows, each at its own place in the serialized tree; the same twice over."""
@@ -108,13 +120,7 @@ def test_training_on_a_slice_lowers_the_loss(shipped):
 
 
 def test_training_stopped_resumes_from_its_checkpoint(shipped, tmp_path):
-    primary = next(iter(shipped.info()["devices"]))
-    programs, latencies = [], []
-    for task, candidates, results, _ in _groups(shipped, primary, "zoo:bert-tiny", 4):
-        for ast, r in zip(CompactASTs(threads=2)(task, candidates), results):
-            programs.append(ast)
-            latencies.append(r.latency)
-    devices = np.repeat(device_features(shipped.devices[primary])[None, :], len(programs), axis=0)
+    programs, devices, latencies = _bert_tiny_programs(shipped)
     checkpoint, settings = str(tmp_path / "m.pt.ckpt"), {"command": "a test"}
     steps: list[int] = []
     losses: list[float] = []
@@ -128,7 +134,7 @@ def test_training_stopped_resumes_from_its_checkpoint(shipped, tmp_path):
         return on_step
 
     def fit(predictor: Predictor, total: int, last: int = -1, **options) -> None:
-        predictor.fit(programs, devices, np.array(latencies), steps=total, batch_size=16, checkpoint=checkpoint,
+        predictor.fit(programs, devices, latencies, steps=total, batch_size=16, checkpoint=checkpoint,
                       settings=settings, on_step=stop_at(last), **options)
 
     with pytest.raises(KeyboardInterrupt):
@@ -158,12 +164,7 @@ def test_an_ensemble_averages_its_members_resumes_and_round_trips(shipped, slice
 
     monkeypatch.setattr(model_module, "CHECKPOINT_EVERY", 15)
     primary = next(iter(shipped.info()["devices"]))
-    programs, latencies = [], []
-    for task, candidates, results, _ in _groups(shipped, primary, "zoo:bert-tiny", 4):
-        for ast, r in zip(CompactASTs(threads=2)(task, candidates), results):
-            programs.append(ast)
-            latencies.append(r.latency)
-    devices = np.repeat(device_features(shipped.devices[primary])[None, :], len(programs), axis=0)
+    programs, devices, latencies = _bert_tiny_programs(shipped)
     checkpoint = str(tmp_path / "m.pt.ckpt")
     steps: list[int] = []
 
@@ -173,7 +174,7 @@ def test_an_ensemble_averages_its_members_resumes_and_round_trips(shipped, slice
             if step == last:
                 raise KeyboardInterrupt
 
-        predictor.fit(programs, devices, np.array(latencies), steps=40, batch_size=16, on_step=on_step,
+        predictor.fit(programs, devices, latencies, steps=40, batch_size=16, on_step=on_step,
                       checkpoint=checkpoint if saving else None, settings={"command": "a test"})
         return predictor
 
