@@ -1,4 +1,6 @@
-"""``tunecore costmodel eval``: the yardstick every cost model is judged by (see tunecore.dataset.evaluate)."""
+"""``tunecore costmodel eval``: the yardstick every cost model is judged by (see tunecore.dataset.evaluate);
+``tunecore costmodel train``: a cost model trained on a dataset the same way and saved, to start runs from
+(``-O cost_model.weights=FILE``)."""
 
 from __future__ import annotations
 
@@ -31,8 +33,24 @@ def add_commands(register: Any) -> None:
                           help="cost model option, e.g. -O xgb.rounds=200")
     evaluate.add_argument("--json", action="store_true")
 
+    train = sub.add_parser("train", help="train a cost model on a dataset (or the training side of a split) and "
+                                         "save it, for -O cost_model.weights=FILE")
+    train.add_argument("--dataset", "-d", required=True, help="dataset file (.parquet)")
+    train.add_argument("--cost-model", required=True, help="the cost model to train (one that can be saved, e.g. xgb)")
+    train.add_argument("--split", default=None, help="train on its training side, report on its test side "
+                                                     "(as for `costmodel eval`)")
+    add_devices(train, "train only on measurements on")
+    add_filters(train)
+    add_seed(train, "the split and the cost model")
+    train.add_argument("--option", "-O", action="append", metavar="NAME.KEY=VALUE",
+                       help="cost model option, e.g. -O xgb.rounds=200")
+    train.add_argument("--out", "-o", required=True, help="file to write (the cost model's own format)")
+    train.add_argument("--json", action="store_true")
+
 
 def cmd_costmodel(args: argparse.Namespace) -> int:
+    if args.costmodel_command == "train":
+        return cmd_train(args)
     from tunecore.dataset.evaluate import evaluate
     from tunecore.dataset.split import split
     from tunecore.dataset.table import Dataset
@@ -47,6 +65,55 @@ def cmd_costmodel(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=2))
     else:
         print_table(result)
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    import time
+
+    from tunecore.api import _construct
+    from tunecore.dataset.evaluate import held_out_metrics, measured_groups, teach
+    from tunecore.dataset.split import selected, split
+    from tunecore.dataset.table import Dataset
+    from tunecore.errors import UsageError
+    from tunecore.options import options_for, parse_options
+    from tunecore.registry import Registry
+    from tunecore.roles import CostModel
+
+    registry = Registry.shared()
+    cls = registry.get("cost_model", args.cost_model)
+    if cls.save is CostModel.save:
+        raise UsageError(f"--cost-model {args.cost_model}: this cost model cannot be saved, so it cannot be trained "
+                         "ahead of a run")
+    options = options_for(parse_options(args.option, [args.cost_model]), "cost_model", args.cost_model)
+    dataset = Dataset.load(args.dataset)
+    parts = None
+    if args.split:
+        parts = split(dataset, args.split, args.seed, args.devices, max_spread=args.max_spread,
+                      min_programs=args.min_programs)
+        train_rows = parts.train
+    else:
+        train_rows = selected(dataset, args.devices, args.max_spread, args.min_programs)
+    train = measured_groups(dataset, train_rows)
+    if not any(r.latency is not None for _, _, results, _ in train for r in results):
+        raise UsageError(f"{args.dataset}: no measured program to train on (none ran, or none passed the filters)")
+    test = measured_groups(dataset, [r for r in parts.test if r.latency is not None]) if parts else []
+    model = _construct(registry, "cost_model", args.cost_model, seed=args.seed, **options)
+    started = time.perf_counter()
+    try:
+        teach(model, train, [device for *_, device in test])
+        model.save(args.out)
+        out: dict[str, Any] = {
+            "out": args.out, "cost_model": args.cost_model, "dataset": args.dataset,
+            "split": parts.spec if parts else None, "measurements": len(train_rows), "groups": len(train),
+            "train_s": round(time.perf_counter() - started, 1)}
+        if test:
+            weights = [parts.weights.get(t.workload_hash, 1) for t, *_ in test]
+            out["test"] = {"programs": sum(len(g[1]) for g in test), "groups": len(test),
+                           **held_out_metrics(model, test, weights, args.seed)}
+    finally:
+        model.close()
+    render.fields(out, args.json)
     return 0
 
 

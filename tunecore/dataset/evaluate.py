@@ -169,16 +169,7 @@ def _evaluate_one(registry: Any, name: str, train: list, test: list, split: Spli
 
     model = _construct(registry, "cost_model", name, seed=seed, **options_for(options, "cost_model", name))
     try:
-        model.reset()  # shipped weights may have seen the test side
-        started = time.perf_counter()
-        # every result says which device it ran on; ``device`` is the one the model will be asked about
-        model.device = test[0][3] if test else None
-        test_devices = {repr(device) for *_, device in test}
-        for on_test_devices in (False, True):  # other devices' data first, then the (fine-tuning) data of the tested
-            batches = [(t, c, r) for t, c, r, device in train if (repr(device) in test_devices) == on_test_devices]
-            if batches:
-                model.update_all(batches)
-        train_s = time.perf_counter() - started
+        train_s = teach(model, train, [device for *_, device in test])
         weights = [split.weights.get(t.workload_hash, 1) for t, *_ in test]
         metrics = held_out_metrics(model, test, weights, seed)
         # without a member's programs per second: it reuses the features the ensemble's prediction computed
@@ -189,6 +180,22 @@ def _evaluate_one(registry: Any, name: str, train: list, test: list, split: Spli
     finally:
         model.close()
     return {**metrics, "train_s": round(train_s, 3)}
+
+
+def teach(model: Any, train: list, test_devices: list[dict[str, Any]]) -> float:
+    """Reset ``model`` (shipped weights may have seen the test side) and train it on measured groups
+    (``measured_groups``): the other devices' first, then those of ``test_devices`` (a cross-device split's
+    fine-tuning data). ``model.device`` is left at the first tested device. Seconds it took."""
+    model.reset()
+    started = time.perf_counter()
+    # every result says which device it ran on; ``device`` is the one the model will be asked about
+    model.device = test_devices[0] if test_devices else None
+    tested = {repr(device) for device in test_devices}
+    for on_test_devices in (False, True):
+        batches = [(t, c, r) for t, c, r, device in train if (repr(device) in tested) == on_test_devices]
+        if batches:
+            model.update_all(batches)
+    return time.perf_counter() - started
 
 
 def held_out_metrics(model: Any, test: list, weights: list[float], seed: int) -> dict[str, Any]:

@@ -49,11 +49,7 @@ def split(dataset: Dataset, spec: str, seed: int = 0, devices: list[str] | None 
     kind, _, value = spec.partition(":")
     if kind not in KINDS or not value:
         raise UsageError(f"--split {spec}: expected KIND:VALUES with KIND one of {', '.join(KINDS)}")
-    rows = dataset.rows
-    if devices:
-        keep = {device_of(dataset, d) for d in devices}
-        rows = [r for r in rows if r.device_id in keep]
-    rows = filtered(rows, max_spread, min_programs)
+    rows = selected(dataset, devices, max_spread, min_programs)
     weights = {key: sum(task.workloads.values()) or 1 for key, task in dataset.tasks.items()}
     if kind == "workload":
         held = [w.strip() for w in value.split(",") if w.strip()]
@@ -94,6 +90,16 @@ def split(dataset: Dataset, spec: str, seed: int = 0, devices: list[str] | None 
         if not getattr(result, side):
             raise UsageError(f"--split {spec}: the {side} side is empty")
     return result
+
+
+def selected(dataset: Dataset, devices: list[str] | None = None, max_spread: float | None = None,
+             min_programs: int | None = None) -> list[Measurement]:
+    """The dataset's measurements on ``devices`` (ids or prefixes; all if None), ``filtered``."""
+    rows = dataset.rows
+    if devices:
+        keep = {device_of(dataset, d) for d in devices}
+        rows = [r for r in rows if r.device_id in keep]
+    return filtered(rows, max_spread, min_programs)
 
 
 def filtered(rows: list[Measurement], max_spread: float | None, min_programs: int | None) -> list[Measurement]:

@@ -279,3 +279,64 @@ def test_xgb_ranks_held_out_bert_tiny_on_a_slice_of_the_shipped_dataset():
     xgb, none = result["models"]["xgb"], result["models"]["none"]
     assert xgb["spearman"] > none["spearman"] + 0.15, result
     assert xgb["pairwise_accuracy"] > 0.6, result
+
+
+def test_xgb_trained_on_a_dataset_starts_a_run_and_keeps_what_it_learned(tmp_path):
+    """`tunecore costmodel train` fits xgb to a dataset's other workloads and saves it; `-O xgb.weights=FILE` starts
+    from that file: it ranks a held-out workload's programs before the run measured anything (a fresh xgb guesses
+    at random until `min_data`), reports the same metrics the file's own predictions give, and the run's data
+    adds trees to it instead of replacing it."""
+    import os
+
+    from tunecore.dataset.evaluate import held_out_metrics, measured_groups
+    from tunecore.dataset.table import Dataset
+    from tunecore.testing.cli import assert_one_line_exit_2, cli_json, run_cli
+    from tunecore_ansor_search.xgb import XGBModel
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    shipped = Dataset.load(os.path.join(root, "datasets", "cpu-programs.parquet"))
+    primary = next(iter(shipped.info()["devices"]))
+    part = Dataset()  # 16 programs per task of the primary device
+    part.add_device(shipped.devices[primary])
+    for key, task in shipped.tasks.items():
+        rows = shipped.rows_of(key, primary)[:16]
+        if rows:
+            part.add_task(task)
+            for row in rows:
+                part.add(row)
+    data = str(tmp_path / "slice.parquet")
+    part.save(data)
+    weights = str(tmp_path / "xgb.json")
+    report = cli_json(run_cli("costmodel", "train", "-d", data, "--cost-model", "xgb", "--split",
+                              "workload:zoo:bert-tiny", "-O", "xgb.rounds=30", "-o", weights, "--json"))
+    held = {k for k, t in part.tasks.items() if "zoo:bert-tiny" in t.workloads}
+    train_rows = [r for r in part.rows if r.task_key not in held]
+    assert held and report["measurements"] == len(train_rows) and report["split"] == "workload:zoo:bert-tiny"
+    assert report["test"]["programs"] == sum(r.latency is not None for r in part.rows if r.task_key in held)
+
+    test = measured_groups(part, [r for r in part.rows if r.task_key in held and r.latency is not None])
+    started = XGBModel(weights=weights, min_data=10_000)  # no run data yet, nor enough to train on
+    ranked = held_out_metrics(started, test, [1] * len(test), 0)
+    assert ranked["spearman"] == report["test"]["spearman"] > 0.25, (ranked, report)
+    fresh = held_out_metrics(XGBModel(min_data=10_000), test, [1] * len(test), 0)
+    assert ranked["spearman"] > fresh["spearman"] + 0.15, (ranked, fresh)
+
+    # the run's measurements boost the file's trees further; the yardstick's reset forgets the file
+    base_trees = started.booster.num_boosted_rounds()
+    assert base_trees == 30
+    learning = XGBModel(weights=weights, min_data=8, rounds=5)
+    learning.update_all([(t, c, r) for t, c, r, _ in test[:2]])
+    assert learning.booster.num_boosted_rounds() == base_trees + 5
+    assert learning.base.num_boosted_rounds() == base_trees  # the file's booster itself is left as it was
+    learning.reset()
+    assert learning.booster is None and learning.base is None and not learning.data
+
+    # a file that is not an xgb model, or no file: one line, exit 2, before any work
+    not_xgb = tmp_path / "other.json"
+    not_xgb.write_text(json.dumps({"format": "tunecore-cdmpp", "version": 1}))
+    for path, fragment in ((str(not_xgb), "not a tunecore xgb model file"), (str(tmp_path / "none.json"), "no such")):
+        assert_one_line_exit_2(run_cli("run", "--model", "op:matmul-64", "--search", "random", "--cost-model", "xgb",
+                                       "-O", f"cost_model.weights={path}", "--trials", "1",
+                                       "--store", f"sqlite:{tmp_path / 's.db'}"), "cost model 'xgb'", fragment)
+    assert_one_line_exit_2(run_cli("costmodel", "train", "-d", data, "--cost-model", "xgb", "--split", "device:zz",
+                                   "-o", weights), "device zz")

@@ -12,6 +12,10 @@ label is its normalized throughput within its task (best latency of the task / i
 One model serves every task of a run (features are program-level, labels are per-task), features
 are cached per program, and the model is retrained on all data after every round. Saved as JSON
 (XGBoost's JSON model plus metadata), never pickled.
+
+``weights`` starts from a saved model (e.g. one ``tunecore costmodel train`` fitted to a dataset): it ranks
+the first rounds, where a fresh model can only guess, and the run's own data adds trees to it rather than
+replacing it.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from tunecore.interfaces import (
     MeasureResult,
     PerStoreFeatures,
     Task,
+    UsageError,
     check_options,
     is_int,
     is_number,
@@ -40,9 +45,11 @@ class XGBModel(CostModel):
     name = "xgb"
 
     def __init__(self, *, objective: str = "pack-sum", rounds: int = 100, max_depth: int = 8, eta: float = 0.2,
-                 min_data: int = 64, cache_size: int = 50_000, threads: int | None = None, **kwargs: Any):
+                 min_data: int = 64, cache_size: int = 50_000, threads: int | None = None, weights: str = "none",
+                 **kwargs: Any):
         super().__init__(**kwargs)
         check_options(
+            weights=(weights, isinstance(weights, str) and bool(weights), "'none' or a file written by save"),
             objective=(objective, objective in ("pack-sum", "rank"), "'pack-sum' or 'rank'"),
             rounds=(rounds, is_int(rounds, 1), "an integer >= 1"),
             max_depth=(max_depth, is_int(max_depth, 1), "an integer >= 1"),
@@ -59,6 +66,10 @@ class XGBModel(CostModel):
         self.params = {"max_depth": max_depth, "eta": eta, "min_child_weight": 0, "gamma": 1e-3,
                        "nthread": self.threads, "seed": self.seed, "verbosity": 0}
         self.booster: Any = None
+        self.base: Any = None  # the booster of ``weights``, which the run's own data boosts further
+        if weights != "none":
+            self.load(weights)
+            self.base = self.booster
         self.extractor = PerStoreFeatures(self.threads, cache_size)
         # training data: per candidate its feature rows, task id and latency (None = failed)
         self.data: dict[tuple[str, str], tuple[np.ndarray, float | None]] = {}
@@ -81,6 +92,10 @@ class XGBModel(CostModel):
         if len(self.data) >= self.min_data:
             self.booster = self._train()
 
+    def reset(self) -> None:
+        self.booster = self.base = None
+        self.data.clear()
+
     def _labels(self) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
         best: dict[str, float] = {}
         for (task_id, _), (_, latency) in self.data.items():
@@ -102,7 +117,8 @@ class XGBModel(CostModel):
             order = np.argsort(groups, kind="stable")
             x = np.stack([program_row(rows[i]) for i in order])
             dtrain = xgb.DMatrix(x, label=labels[order], qid=groups[order])
-            return xgb.train({**self.params, "objective": "rank:pairwise"}, dtrain, num_boost_round=self.rounds)
+            return xgb.train({**self.params, "objective": "rank:pairwise"}, dtrain, num_boost_round=self.rounds,
+                             xgb_model=self.base)
         x = np.concatenate(rows)
         pack = np.repeat(np.arange(len(rows)), [len(r) for r in rows])
         # Ansor weights the fit towards fast candidates, which are the ones the search must rank right
@@ -115,7 +131,7 @@ class XGBModel(CostModel):
             return 2 * residual[pack], 2 * weights[pack]
 
         return xgb.train({**self.params, "base_score": 0.0}, dtrain, num_boost_round=self.rounds,
-                         obj=pack_sum_squared_error)
+                         obj=pack_sum_squared_error, xgb_model=self.base)
 
     def predict(self, task: Task, candidates: Sequence[Candidate]) -> np.ndarray:
         if not candidates:
@@ -147,10 +163,15 @@ class XGBModel(CostModel):
     def load(self, path: str) -> None:
         import xgboost as xgb
 
-        saved = load_model_json(path, "xgb", 1)
-        self.objective = saved["objective"]
-        self.booster = None
-        if saved["booster"] is not None:
-            self.booster = xgb.Booster()
-            self.booster.load_model(bytearray(json.dumps(saved["booster"]).encode()))
+        try:
+            saved = load_model_json(path, "xgb", 1)
+            objective, booster = saved["objective"], None
+            if saved["booster"] is not None:
+                booster = xgb.Booster()
+                booster.load_model(bytearray(json.dumps(saved["booster"]).encode()))
+        except UsageError as error:
+            raise UsageError(f"cost model 'xgb': {error}") from None
+        except (KeyError, TypeError, xgb.core.XGBoostError) as error:
+            raise UsageError(f"cost model 'xgb': {path}: a damaged xgb model file ({type(error).__name__})") from None
+        self.objective, self.booster = objective, booster
 

@@ -59,7 +59,7 @@ def cmd_cdmpp(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from tunecore.dataset import Dataset, device_of, filtered, held_out_metrics, measured_groups, split
+    from tunecore.dataset import Dataset, held_out_metrics, measured_groups, selected, split
     from tunecore.interfaces import CHECKPOINT
     from tunecore_cdmpp_predictor.costmodel import CDMPPModel
 
@@ -70,9 +70,7 @@ def _train(args: argparse.Namespace) -> int:
                       min_programs=args.min_programs)
         train_rows, test_rows = parts.train, [r for r in parts.test if r.latency is not None]
     else:
-        keep = {device_of(dataset, d) for d in devices} if devices else None
-        train_rows = filtered([r for r in dataset.rows if keep is None or r.device_id in keep], args.max_spread,
-                              args.min_programs)
+        train_rows = selected(dataset, devices, args.max_spread, args.min_programs)
         test_rows = []
     model = CDMPPModel(weights="none", epochs=args.epochs, rank_weight=args.rank_weight, ensemble=args.ensemble,
                        seed=args.seed)
