@@ -1,6 +1,7 @@
 """The loop and the task schedulers, with the instant measurer (no builds) where timing does not matter."""
 
 import dataclasses
+import math
 
 import pytest
 
@@ -222,7 +223,8 @@ def test_schedulers_skip_finished_tasks(matmul_task):
 
 
 @pytest.mark.parametrize("budget, tasks, expected",
-                         [(64, 1, 32), (300, 22, 6), (1000, 22, 22), (20000, 22, 32), (3, 5, 4)])
+                         [(64, 1, 32), (300, 22, 6), (1000, 22, 22), (20000, 22, 32), (100, 33, 3), (130, 33, 3),
+                          (132, 33, 4), (3, 5, 1), (math.inf, 5, 32)])
 def test_round_size_follows_budget(budget, tasks, expected):
     assert default_round_size(budget, tasks) == expected
 

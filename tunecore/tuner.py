@@ -36,8 +36,11 @@ def default_round_size(budget: float, n_tasks: int, capacity: int = 1) -> int:
     """Candidates per round: small enough that the scheduler can move budget between tasks, large
     enough to keep the build pool busy, and up to 32 for each candidate the measurer measures at once
     (``Measurer.capacity``: a fleet of N devices gets rounds N times as large). An unlimited budget
-    (a time budget alone) gets the largest rounds."""
-    return int(max(4, min(32 * capacity, budget // max(1, 2 * n_tasks))))
+    (a time budget alone) gets the largest rounds. At least 4, but never so many that the first round of each
+    task overruns the budget: 100 trials over a network's 33 tasks are rounds of 3, not 33 rounds of 4 that
+    would leave 8 tasks unmeasured."""
+    least = min(4, max(1, budget // max(1, n_tasks)))
+    return int(max(least, min(32 * capacity, budget // max(1, 2 * n_tasks))))
 
 
 def tuned_seconds(runs: Sequence[dict[str, Any]], records: Sequence[Record]) -> float:
