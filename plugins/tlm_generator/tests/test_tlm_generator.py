@@ -334,6 +334,31 @@ def test_a_task_the_model_cannot_write_falls_back_to_random_and_says_so(matmul_t
     assert len(policy.propose(matmul_task, 4)) == 4
     assert policy.task_report(matmul_task)["tlm"].startswith("random (")
 
+    # with a cost model, the samples it measures are the best-scored of `oversample` times as many
+    import numpy as np
+
+    from tunecore.interfaces import CostModel
+
+    class LongTraces(CostModel):
+        name = "long-traces"
+        asked: list = []
+
+        def predict(self, task, candidates):
+            self.asked.append(sorted(len(c.trace_json) for c in candidates))
+            return np.array([len(c.trace_json) for c in candidates], dtype=float)
+
+        def update(self, task, candidates, results):
+            pass
+
+    model = LongTraces()
+    policy = registry.get("search", "tlm")(cost_model=model, store=MemoryStore(), oversample=4)
+    policy.model.config.context = 8
+    policy.start_task(TaskContext(matmul_task, DesignSpace(matmul_task), 0, set(), []))
+    chosen = policy.propose(matmul_task, 4)
+    (scored,) = model.asked
+    assert len(chosen) == 4 and len(scored) == 16
+    assert sorted(len(c.trace_json) for c in chosen) == scored[-4:]
+
 
 def test_where_the_weights_write_no_valid_program_uniform_samples_fill_the_batch():
     """On an H100 the shipped (CPU-trained) weights wrote no CUDA matmul program that passes MetaSchedule's GPU

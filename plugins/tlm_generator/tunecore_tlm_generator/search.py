@@ -9,7 +9,8 @@ that learns, ``oversample`` times as many are generated and the best-scored meas
 The model keeps learning during a run (``online``): after every ``online_every`` measurements it
 takes ``online_steps`` steps on the fastest programs of each task measured so far (TLM's fine-tuning
 on the best, done in place rather than restarting from the base model each round). A task none of
-whose sketches the sentences can write is searched at random, which its row of the run report says.
+whose sketches the sentences can write is searched at random (with a cost model, the best-scored of
+``oversample`` times as many samples), which its row of the run report says.
 """
 
 from __future__ import annotations
@@ -123,23 +124,27 @@ class TLMSearch(SearchPolicy):
 
     def propose(self, task: Task, n: int) -> list[Candidate]:
         state = self.tasks[task.task_id]
-        if state.fallback is not None:  # what it cannot write, it samples
-            return state.context.space.sample_new(n, state.context.measured, origin="random")
         want = n * self.oversample if self.cost_model.name != "none" else n
+        if state.fallback is not None:  # what it cannot write, it samples; a cost model picks among more samples
+            return self._best_scored(task, state.context.space.sample_new(want, state.context.measured,
+                                                                          origin="random"), n)
         found: dict[str, Candidate] = {}
         for _ in range(_RETRIES):
             before = len(found)
             self._generate(state, task, want - len(found), found)
             if len(found) >= want or len(found) == before:  # a round that wrote nothing valid: more will not
                 break
-        candidates = list(found.values())
-        if len(candidates) > n:
-            scores = np.asarray(self.cost_model.predict(task, candidates), dtype=np.float64)
-            candidates = [candidates[i] for i in np.argsort(-scores, kind="stable")[:n]]
+        candidates = self._best_scored(task, list(found.values()), n)
         if len(candidates) < n:
             candidates += self._sampled(state, n - len(candidates), found)
         state.made = {c.key: state.made[c.key] for c in candidates if c.key in state.made}  # the rest is forgotten
         return candidates
+
+    def _best_scored(self, task: Task, candidates: list[Candidate], n: int) -> list[Candidate]:
+        if len(candidates) <= n:
+            return candidates
+        scores = np.asarray(self.cost_model.predict(task, candidates), dtype=np.float64)
+        return [candidates[i] for i in np.argsort(-scores, kind="stable")[:n]]
 
     def _sampled(self, state: _TaskState, count: int, found: dict[str, Candidate]) -> list[Candidate]:
         """Uniform samples where the model wrote too few valid programs (weights that never saw this target: the
