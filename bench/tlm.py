@@ -7,10 +7,16 @@ The shipped weights were trained without any kernel of resnet-18, mobilenet-v2 o
 2. TLM's top-k (the paper's Table): the first k = 1, 10, 32 programs the model writes per task, no online
    learning, `--cost-model none`, one round of 32 per task (`--scheduler round-robin --round-size 32`);
    the end-to-end estimate (sum over tasks of weight x best) with the best of the first k per task.
-3. `tlm` + `none` with online fine-tuning, `--tlm-trials` trials: its estimate after each trial, and the
-   first trial (and wall time) at which it reaches Ansor's estimate after all its trials.
+3. `tlm` + `--tlm-cost-model` (`none`) with online fine-tuning, `--tlm-trials` trials: its estimate after each
+   trial, and the first trial (and wall time) at which it reaches Ansor's estimate after all its trials. With a
+   cost model, tlm writes `oversample` times as many programs and measures the best-scored (e.g. `xgb` started
+   from a model `tunecore costmodel train` fitted to the dataset without these networks:
+   `--tlm-cost-model xgb --tlm-option cost_model.weights=FILE`).
 4. `random` + `none`, `--tlm-trials` trials: the floor TLM must beat at every budget, the same seed.
-5. With ``--seeds N``, runs 3 and 4 again at the next N - 1 seeds, each pair's best programs re-measured
+5. The goal's own runs: `tlm` (as in 3) and `random` given `--goal-trials` (100) trials each, so that every task
+   gets its first round within them (a 300-trial run's first 100 trials leave tasks of a large network
+   unmeasured): does tlm at 100 trials reach Ansor's 1,000?
+6. With ``--seeds N``, runs 3 and 4 again at the next N - 1 seeds, each pair's best programs re-measured
    together with Ansor's: whether TLM stays below random search beyond the spread of seeds.
 
 Estimates in 2 and 3 compare latencies measured in different runs; the machine drifts between them, so
@@ -18,7 +24,8 @@ the best program per task of each (Ansor after all its trials, TLM's best of 32,
 re-measured together, in random order over several passes, and those estimates are the headline.
 
     python bench/tlm.py [--networks resnet-18,mobilenet-v2,bert-tiny] [--ansor-trials 1000] [--tlm-trials 300]
-                        [--weights shipped|FILE] [--seed 0] [--seeds 1] [--tlm-option KEY=VALUE] [--name tlm]
+                        [--weights shipped|FILE] [--seed 0] [--seeds 1] [--tlm-cost-model none]
+                        [--tlm-option KEY=VALUE] [--name tlm]
 
 A network is a zoo name or any --model value with its prefix (e.g. corpus:squeezenet, a CNN no dataset holds).
 
@@ -121,13 +128,18 @@ def main() -> None:
     parser.add_argument("--networks", default="resnet-18,mobilenet-v2,bert-tiny")
     parser.add_argument("--ansor-trials", type=int, default=1000)
     parser.add_argument("--tlm-trials", type=int, default=300)
+    parser.add_argument("--goal-trials", type=int, default=100,
+                        help="trials of the goal's own tlm and random runs (default 100: 1/10 of Ansor's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--seeds", type=int, default=1,
                         help="seeds of the tlm and random runs: --seed, --seed + 1, ... (ansor and top-k: --seed only)")
     parser.add_argument("--weights", default="shipped", help="tlm's weights: shipped (default) or a file")
+    parser.add_argument("--tlm-cost-model", default="none",
+                        help="cost model of tlm's online runs (default none; the top-k runs always go without one)")
     parser.add_argument("--tlm-option", action="append", default=[], metavar="KEY=VALUE",
-                        help="-O search.KEY=VALUE for tlm's runs (repeatable); they are cached apart from the "
-                             "runs without it, ansor's and random search's are shared")
+                        help="-O search.KEY=VALUE for tlm's runs (repeatable; ROLE.KEY=VALUE for another role, e.g. "
+                             "cost_model.weights=FILE); they are cached apart from the runs without it, ansor's and "
+                             "random search's are shared")
     parser.add_argument("--name", default="tlm", help="results file name (default tlm)")
     args = parser.parse_args()
     if args.seeds < 1:
@@ -145,16 +157,26 @@ def main() -> None:
     report["weights"] = {**metadata["trained_on"], "exclude": ",".join(lm.held_out_workloads(metadata)),
                          "file": os.path.basename(weights), "stage": metadata.get("stage"),
                          "round": metadata.get("round")}
-    tlm_args = ["-O", f"search.weights={weights}", *[a for o in args.tlm_option for a in ("-O", f"search.{o}")]]
-    # in the cache keys and store names of tlm's runs: other weights, other options, other runs
-    variant = ("" if args.weights == "shipped" else f"+{os.path.basename(weights)}") + "".join(
-        f"+{o}" for o in args.tlm_option)
-    report["tlm_options"] = args.tlm_option
+    options = [o if "." in o.partition("=")[0] else f"search.{o}" for o in args.tlm_option]
+    search_options = [o for o in options if o.startswith("search.")]
+    tlm_args = ["-O", f"search.weights={weights}", *[a for o in search_options for a in ("-O", o)]]
+    online_args = [*tlm_args, *[a for o in options if o not in search_options for a in ("-O", o)]]
+    # in the cache keys and store names of tlm's runs: other weights, other options, other runs (a file's name
+    # only); the top-k runs have no cost model, so only the search's options tell them apart
+    def key(chosen: list[str]) -> str:
+        return "".join("+" + o.removeprefix("search.").rsplit("/", 1)[-1] for o in chosen)
+
+    variant = ("" if args.weights == "shipped" else f"+{os.path.basename(weights)}") + key(search_options)
+    online = variant + ("" if args.tlm_cost_model == "none" else f"+{args.tlm_cost_model}") + key(
+        [o for o in options if o not in search_options])
+    report["tlm_options"], report["tlm_cost_model"] = options, args.tlm_cost_model
     for network in args.networks.split(","):
         model = network if ":" in network else f"zoo:{network}"
         prefix = os.path.join(work, network.replace(":", "_"))
-        stores = {name: f"{prefix}-{name}{variant if name.startswith('tlm') else ''}.db"
-                  for name in ("ansor", "tlm-topk", "tlm", "random")}
+        goal = args.goal_trials
+        stores = {"ansor": f"{prefix}-ansor.db", "tlm-topk": f"{prefix}-tlm-topk{variant}.db",
+                  "tlm": f"{prefix}-tlm{online}.db", "random": f"{prefix}-random.db",
+                  "tlm-goal": f"{prefix}-tlm{online}-{goal}.db", "random-goal": f"{prefix}-random-{goal}.db"}
         runs = {
             "ansor": cached_run(done, f"{network}/ansor", lambda: run_tunecore(
                 model, args.ansor_trials, args.seed, search="ansor", cost_model="xgb",
@@ -164,19 +186,24 @@ def main() -> None:
                 store=f"sqlite:{stores['tlm-topk']}",
                 extra_args=[*tlm_args, "-O", "search.online=false", "--scheduler", "round-robin",
                             "--round-size", "32"])),
-            "tlm": cached_run(done, f"{network}/tlm{variant}", lambda: run_tunecore(
-                model, args.tlm_trials, args.seed, search="tlm", cost_model="none", store=f"sqlite:{stores['tlm']}",
-                extra_args=tlm_args)),
+            "tlm": cached_run(done, f"{network}/tlm{online}", lambda: run_tunecore(
+                model, args.tlm_trials, args.seed, search="tlm", cost_model=args.tlm_cost_model,
+                store=f"sqlite:{stores['tlm']}", extra_args=online_args)),
             "random": cached_run(done, f"{network}/random", lambda: run_tunecore(
                 model, args.tlm_trials, args.seed, search="random", cost_model="none",
                 store=f"sqlite:{stores['random']}")),
+            "tlm-goal": cached_run(done, f"{network}/tlm{online}@{goal}", lambda: run_tunecore(
+                model, goal, args.seed, search="tlm", cost_model=args.tlm_cost_model,
+                store=f"sqlite:{stores['tlm-goal']}", extra_args=online_args)),
+            "random-goal": cached_run(done, f"{network}/random@{goal}", lambda: run_tunecore(
+                model, goal, args.seed, search="random", cost_model="none", store=f"sqlite:{stores['random-goal']}")),
         }
         progress = {name: store_progress(path, model) for name, path in stores.items()}
         ansor_final = progress["ansor"]["curve"][-1][2]
         reach = first_reaching(progress["tlm"]["curve"], ansor_final)
         ansor_reach = first_reaching(progress["ansor"]["curve"], ansor_final)
         started = time.perf_counter()
-        together = cached_run(done, f"{network}/remeasured{variant}", lambda: remeasured(model, stores))
+        together = cached_run(done, f"{network}/remeasured{online}@{goal}", lambda: remeasured(model, stores))
         row = {
             "tasks": len(progress["ansor"]["tasks"]),
             "ansor_estimate_ms": ansor_final, "ansor_wall_s": runs["ansor"]["wall_s"],
@@ -189,10 +216,14 @@ def main() -> None:
             "at_trials_ms": {name: {str(n): estimate_at(progress[name]["curve"], n) for n in BUDGETS}
                              for name in ("ansor", "tlm", "random")},
             "tlm_below_random": below_at_each_trial(progress["tlm"]["curve"], progress["random"]["curve"]),
+            "goal": {"trials": goal, "tlm_estimate_ms": progress["tlm-goal"]["curve"][-1][2],
+                     "random_estimate_ms": progress["random-goal"]["curve"][-1][2],
+                     "tasks_measured": {name: _tasks_measured(progress[name]) for name in ("tlm-goal", "random-goal")}},
             "remeasured_ms": together, "remeasure_s": round(time.perf_counter() - started, 1),
             "written": {name: _written(runs[name]["tasks"]) for name in ("tlm-topk", "tlm")},
         }
-        row["other_seeds"] = {str(seed): against_random(model, network, seed, args.tlm_trials, tlm_args, variant,
+        row["other_seeds"] = {str(seed): against_random(model, network, seed, args.tlm_trials,
+                                                        (args.tlm_cost_model, online_args), online,
                                                         stores["ansor"], prefix, done)
                               for seed in range(args.seed + 1, args.seed + args.seeds)}
         report["networks"][network] = row
@@ -200,13 +231,15 @@ def main() -> None:
     write_results(args.out, args.name, report, markdown(report))
 
 
-def against_random(model: str, network: str, seed: int, trials: int, tlm_args: list[str], variant: str,
+def against_random(model: str, network: str, seed: int, trials: int, tlm_run: tuple[str, list[str]], variant: str,
                    ansor_store: str, prefix: str, done: str) -> dict:
-    """tlm and random search at another seed: their estimates per budget, and their best programs re-measured
-    together with Ansor's (stores ``prefix``-<run>-seed<seed>.db)."""
+    """tlm (its cost model and arguments ``tlm_run``) and random search at another seed: their estimates per budget,
+    and their best programs re-measured together with Ansor's (stores ``prefix``-<run>-seed<seed>.db)."""
     stores = {"tlm": f"{prefix}-tlm{variant}-seed{seed}.db", "random": f"{prefix}-random-seed{seed}.db"}
+    cost_model, tlm_args = tlm_run
     cached_run(done, f"{network}/tlm{variant}/seed{seed}", lambda: run_tunecore(
-        model, trials, seed, search="tlm", cost_model="none", store=f"sqlite:{stores['tlm']}", extra_args=tlm_args))
+        model, trials, seed, search="tlm", cost_model=cost_model, store=f"sqlite:{stores['tlm']}",
+        extra_args=tlm_args))
     cached_run(done, f"{network}/random/seed{seed}", lambda: run_tunecore(
         model, trials, seed, search="random", cost_model="none", store=f"sqlite:{stores['random']}"))
     curves = {name: store_progress(path, model)["curve"] for name, path in stores.items()}
@@ -247,6 +280,16 @@ def _written(tasks: list) -> dict:
     return out
 
 
+def _tasks_measured(progress: dict) -> int:
+    """Tasks with at least one program that ran."""
+    return sum(any(r.latency is not None for r in progress["records"][t.task_id]) for t in progress["tasks"])
+
+
+def _option(option: str) -> str:
+    """An option as `tunecore run -O` took it (reports before ROLE.KEY options hold search options without it)."""
+    return option if "." in option.partition("=")[0] else f"search.{option}"
+
+
 def _trials(reached: tuple[int, float] | None) -> int | None:
     return reached[0] if reached else None
 
@@ -267,6 +310,32 @@ def _task_count(model: str) -> int:
     from tunecore.workloads import extract_tasks, load_workload
 
     return len(extract_tasks(load_workload(model), resolve_target("llvm")))
+
+
+def goal_markdown(report: dict) -> list[str]:
+    """The goal's own runs (tlm and random search given the goal's trials) against Ansor's 1,000."""
+    from tunecore.cli.render import cell
+
+    rows = {network: row for network, row in report["networks"].items() if "goal" in row}
+    if not rows:
+        return []
+    goal = next(iter(rows.values()))["goal"]["trials"]
+    lines = ["", f"## The goal: tlm given {goal} trials against ansor+xgb's {report['ansor_trials']}", "",
+             f"Runs of exactly {goal} trials (every task gets its first round within them). Estimates as each run "
+             "measured them; re-measured: the best programs of every run of the network measured together (4 passes "
+             "in random order). Reached: tlm's re-measured latency at or below ansor's.", "",
+             f"| network | tasks measured (tlm / random) | ansor @{report['ansor_trials']} (ms) | tlm @{goal} (ms) | "
+             f"random @{goal} (ms) | re-measured: tlm @{goal} / ansor | tlm @{goal} / random @{goal} | reached |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for network, row in rows.items():
+        g, r = row["goal"], row["remeasured_ms"]
+        measured = g["tasks_measured"]
+        versus_ansor = r["tlm-goal"] / r["ansor"]
+        lines.append(f"| {network} | {measured['tlm-goal']} / {measured['random-goal']} of {row['tasks']} | "
+                     f"{cell(row['ansor_estimate_ms'])} | {cell(g['tlm_estimate_ms'])} | "
+                     f"{cell(g['random_estimate_ms'])} | {versus_ansor:.2f} | {r['tlm-goal'] / r['random-goal']:.2f} | "
+                     f"{'yes' if versus_ansor <= 1 else 'no'} |")
+    return lines
 
 
 def seeds_markdown(report: dict) -> list[str]:
@@ -315,8 +384,10 @@ def markdown(report: dict) -> str:
 
     lines = ["# TLM on networks held out of its training", "",
              environment_line(report), "", _weights_line(report["weights"])
-             + (f" tlm's runs with `{' '.join('-O search.' + o for o in report['tlm_options'])}`."
-                if report.get("tlm_options") else ""), "",
+             + (f" tlm's runs with `{' '.join('-O ' + _option(o) for o in report['tlm_options'])}`."
+                if report.get("tlm_options") else "")
+             + (f" tlm's online runs with `--cost-model {report['tlm_cost_model']}` (the top-k runs without one)."
+                if report.get("tlm_cost_model", "none") != "none" else ""), "",
              "## Top-k: the first k programs the model writes per task (no online learning)", "",
              "Share = Ansor's estimate / TLM's (above 100%: TLM's programs are faster). Estimates are sums of "
              "weight x best latency over the network's tasks, as each run measured them.", "",
@@ -363,6 +434,7 @@ def markdown(report: dict) -> str:
         lines.append(f"| {network} | {cell(r['ansor'])} | {cell(r['tlm-topk'])} | {cell(r['tlm'])} | "
                      f"{cell(r.get('random'))} | {r['tlm-topk'] / r['ansor']:.2f} | {r['tlm'] / r['ansor']:.2f} | "
                      f"{versus_random} |")
+    lines += goal_markdown(report)
     lines += seeds_markdown(report)
     lines += ["", "## What the model wrote (tasks with decisions)", "",
               "| network | run | programs written | invalid | compute location moved | measured (distinct, new) | "
