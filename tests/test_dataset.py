@@ -12,7 +12,7 @@ from tunecore.builtin.random_search import RandomSearch
 from tunecore.data import MeasureResult
 from tunecore.dataset.evaluate import evaluate, ranking_metrics
 from tunecore.dataset.protocol import is_usable
-from tunecore.dataset.split import split, with_fine_tuning
+from tunecore.dataset.split import split, train_and_test, with_fine_tuning
 from tunecore.dataset.table import Dataset, DatasetTask, Measurement
 from tunecore.errors import UsageError
 from tunecore.plugins import new_plugin_manager
@@ -317,6 +317,15 @@ def test_device_task_and_random_splits_are_reproducible():
         [vars(r) for r in split(dataset, "random:0.5", seed=1).test]
     only_d1 = split(dataset, "task:0.34", devices=["d1"])
     assert {r.device_id for r in only_d1.train + only_d1.test} == {"d1"}
+
+
+def test_without_a_split_every_selected_measurement_is_trained_on():
+    dataset = _synthetic()
+    by_device = train_and_test(dataset, "device:d2")
+    assert [vars(r) for r in by_device.test] == [vars(r) for r in split(dataset, "device:d2").test]
+    every = train_and_test(dataset, None, devices=["d1"])
+    assert every.test == [] and every.train and {r.device_id for r in every.train} == {"d1"}
+    assert len(every.train) == sum(r.device_id == "d1" for r in dataset.rows)
 
 
 def test_cdmpp_split_tests_every_nth_program_of_each_task_and_device_by_latency():

@@ -73,7 +73,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     from tunecore.api import _construct
     from tunecore.dataset.evaluate import held_out_metrics, measured_groups, teach
-    from tunecore.dataset.split import selected, split
+    from tunecore.dataset.split import train_and_test
     from tunecore.dataset.table import Dataset
     from tunecore.errors import UsageError
     from tunecore.options import options_for, parse_options
@@ -87,17 +87,12 @@ def cmd_train(args: argparse.Namespace) -> int:
                          "ahead of a run")
     options = options_for(parse_options(args.option, [args.cost_model]), "cost_model", args.cost_model)
     dataset = Dataset.load(args.dataset)
-    parts = None
-    if args.split:
-        parts = split(dataset, args.split, args.seed, args.devices, max_spread=args.max_spread,
-                      min_programs=args.min_programs)
-        train_rows = parts.train
-    else:
-        train_rows = selected(dataset, args.devices, args.max_spread, args.min_programs)
+    parts = train_and_test(dataset, args.split, args.seed, args.devices, args.max_spread, args.min_programs)
+    train_rows = parts.train
     train = measured_groups(dataset, train_rows)
     if not any(r.latency is not None for _, _, results, _ in train for r in results):
         raise UsageError(f"{args.dataset}: no measured program to train on (none ran, or none passed the filters)")
-    test = measured_groups(dataset, [r for r in parts.test if r.latency is not None]) if parts else []
+    test = measured_groups(dataset, [r for r in parts.test if r.latency is not None])
     model = _construct(registry, "cost_model", args.cost_model, seed=args.seed, **options)
     started = time.perf_counter()
     try:
@@ -105,7 +100,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         model.save(args.out)
         out: dict[str, Any] = {
             "out": args.out, "cost_model": args.cost_model, "dataset": args.dataset,
-            "split": parts.spec if parts else None, "measurements": len(train_rows), "groups": len(train),
+            "split": parts.spec or None, "measurements": len(train_rows), "groups": len(train),
             "train_s": round(time.perf_counter() - started, 1)}
         if test:
             weights = [parts.weights.get(t.workload_hash, 1) for t, *_ in test]

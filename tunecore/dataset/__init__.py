@@ -8,7 +8,7 @@ This package is public (see tunecore.interfaces): plugins import what ``__all__`
 
 from tunecore.dataset.collect import CollectPlan, collect, remeasure
 from tunecore.dataset.evaluate import held_out_metrics, measured_groups
-from tunecore.dataset.split import device_of, filtered, selected, split
+from tunecore.dataset.split import device_of, filtered, selected, split, train_and_test
 from tunecore.dataset.table import Dataset, Measurement, changing
 from tunecore.measure.batch import MANIFEST as BATCH_MANIFEST
 from tunecore.measure.batch import PROFILES as BATCH_PROFILES
@@ -16,4 +16,4 @@ from tunecore.measure.batch import batch_cubins
 
 __all__ = ["BATCH_MANIFEST", "BATCH_PROFILES", "CollectPlan", "Dataset", "Measurement", "batch_cubins", "changing",
            "collect", "device_of", "filtered", "held_out_metrics", "measured_groups", "remeasure", "selected",
-           "split"]
+           "split", "train_and_test"]

@@ -92,6 +92,14 @@ def split(dataset: Dataset, spec: str, seed: int = 0, devices: list[str] | None 
     return result
 
 
+def train_and_test(dataset: Dataset, spec: str | None, seed: int = 0, devices: list[str] | None = None,
+                   max_spread: float | None = None, min_programs: int | None = None) -> Split:
+    """``split`` by ``spec``; without one, every ``selected`` measurement is on the training side, none tested."""
+    if spec:
+        return split(dataset, spec, seed, devices, max_spread=max_spread, min_programs=min_programs)
+    return Split("", selected(dataset, devices, max_spread, min_programs), [], {})
+
+
 def selected(dataset: Dataset, devices: list[str] | None = None, max_spread: float | None = None,
              min_programs: int | None = None) -> list[Measurement]:
     """The dataset's measurements on ``devices`` (ids or prefixes; all if None), ``filtered``."""

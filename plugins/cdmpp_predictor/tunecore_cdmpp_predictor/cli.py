@@ -59,19 +59,13 @@ def cmd_cdmpp(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from tunecore.dataset import Dataset, held_out_metrics, measured_groups, selected, split
+    from tunecore.dataset import Dataset, held_out_metrics, measured_groups, train_and_test
     from tunecore.interfaces import CHECKPOINT
     from tunecore_cdmpp_predictor.costmodel import CDMPPModel
 
     dataset = Dataset.load(args.dataset)
-    devices = args.devices
-    if args.split:
-        parts = split(dataset, args.split, args.seed, devices, max_spread=args.max_spread,
-                      min_programs=args.min_programs)
-        train_rows, test_rows = parts.train, [r for r in parts.test if r.latency is not None]
-    else:
-        train_rows = selected(dataset, devices, args.max_spread, args.min_programs)
-        test_rows = []
+    parts = train_and_test(dataset, args.split, args.seed, args.devices, args.max_spread, args.min_programs)
+    train_rows, test_rows = parts.train, [r for r in parts.test if r.latency is not None]
     model = CDMPPModel(weights="none", epochs=args.epochs, rank_weight=args.rank_weight, ensemble=args.ensemble,
                        seed=args.seed)
     started = time.perf_counter()
