@@ -15,16 +15,18 @@ The shipped weights were trained without any kernel of resnet-18, mobilenet-v2 o
 4. `random` + `none`, `--tlm-trials` trials: the floor TLM must beat at every budget, the same seed.
 5. The goal's own runs: `tlm` (as in 3) and `random` given `--goal-trials` (100) trials each, so that every task
    gets its first round within them (a 300-trial run's first 100 trials leave tasks of a large network
-   unmeasured): does tlm at 100 trials reach Ansor's 1,000?
+   unmeasured): does tlm at 100 trials reach Ansor's 1,000? With a `--tlm-cost-model`, the control: `ansor` with
+   that cost model (and its options) given as many trials, which says what tlm adds to the cost model.
 6. With ``--seeds N``, runs 3 and 4 again at the next N - 1 seeds, each pair's best programs re-measured
-   together with Ansor's: whether TLM stays below random search beyond the spread of seeds.
+   together with Ansor's: whether TLM stays below random search beyond the spread of seeds. ``--goal-seeds N``
+   does the same for the runs of 5.
 
 Estimates in 2 and 3 compare latencies measured in different runs; the machine drifts between them, so
 the best program per task of each (Ansor after all its trials, TLM's best of 32, TLM's run) is also
 re-measured together, in random order over several passes, and those estimates are the headline.
 
     python bench/tlm.py [--networks resnet-18,mobilenet-v2,bert-tiny] [--ansor-trials 1000] [--tlm-trials 300]
-                        [--weights shipped|FILE] [--seed 0] [--seeds 1] [--tlm-cost-model none]
+                        [--weights shipped|FILE] [--seed 0] [--seeds 1] [--goal-seeds 1] [--tlm-cost-model none]
                         [--tlm-option KEY=VALUE] [--name tlm]
 
 A network is a zoo name or any --model value with its prefix (e.g. corpus:squeezenet, a CNN no dataset holds).
@@ -130,6 +132,8 @@ def main() -> None:
     parser.add_argument("--tlm-trials", type=int, default=300)
     parser.add_argument("--goal-trials", type=int, default=100,
                         help="trials of the goal's own tlm and random runs (default 100: 1/10 of Ansor's)")
+    parser.add_argument("--goal-seeds", type=int, default=1,
+                        help="seeds of the goal's own runs: --seed, --seed + 1, ...")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--seeds", type=int, default=1,
                         help="seeds of the tlm and random runs: --seed, --seed + 1, ... (ansor and top-k: --seed only)")
@@ -142,8 +146,8 @@ def main() -> None:
                              "random search's are shared")
     parser.add_argument("--name", default="tlm", help="results file name (default tlm)")
     args = parser.parse_args()
-    if args.seeds < 1:
-        parser.error(f"--seeds {args.seeds}: at least 1")
+    if args.seeds < 1 or args.goal_seeds < 1:
+        parser.error(f"--seeds {args.seeds}, --goal-seeds {args.goal_seeds}: at least 1 each")
     work = os.path.join(args.out, "tlm-work")
     os.makedirs(work, exist_ok=True)
     done = os.path.join(work, "runs.json")
@@ -160,23 +164,30 @@ def main() -> None:
     options = [o if "." in o.partition("=")[0] else f"search.{o}" for o in args.tlm_option]
     search_options = [o for o in options if o.startswith("search.")]
     tlm_args = ["-O", f"search.weights={weights}", *[a for o in search_options for a in ("-O", o)]]
-    online_args = [*tlm_args, *[a for o in options if o not in search_options for a in ("-O", o)]]
+    other_options = [o for o in options if o not in search_options]  # other roles': the cost model's
+    online_args = [*tlm_args, *[a for o in other_options for a in ("-O", o)]]
     # in the cache keys and store names of tlm's runs: other weights, other options, other runs (a file's name
     # only); the top-k runs have no cost model, so only the search's options tell them apart
     def key(chosen: list[str]) -> str:
         return "".join("+" + o.removeprefix("search.").rsplit("/", 1)[-1] for o in chosen)
 
-    variant = ("" if args.weights == "shipped" else f"+{os.path.basename(weights)}") + key(search_options)
-    online = variant + ("" if args.tlm_cost_model == "none" else f"+{args.tlm_cost_model}") + key(
-        [o for o in options if o not in search_options])
+    weights_key = "" if args.weights == "shipped" else f"+{os.path.basename(weights)}"
+    cost_model_key = "" if args.tlm_cost_model == "none" else f"+{args.tlm_cost_model}"
+    online = weights_key + key(search_options) + cost_model_key + key(other_options)
+    # oversample acts only with a cost model: the top-k runs (none) with and without it are one run
+    topk_options = [o for o in search_options if not o.startswith("search.oversample=")]
+    variant = weights_key + key(topk_options)
     report["tlm_options"], report["tlm_cost_model"] = options, args.tlm_cost_model
+    # the control, with a cost model: ansor given it (and its options) and the goal's trials
+    control = None if args.tlm_cost_model == "none" else (
+        f"ansor{cost_model_key}{key(other_options)}", [a for o in other_options for a in ("-O", o)])
+    goal_run = {"cost_model": args.tlm_cost_model, "tlm_args": online_args, "online": online, "control": control}
     for network in args.networks.split(","):
         model = network if ":" in network else f"zoo:{network}"
         prefix = os.path.join(work, network.replace(":", "_"))
         goal = args.goal_trials
         stores = {"ansor": f"{prefix}-ansor.db", "tlm-topk": f"{prefix}-tlm-topk{variant}.db",
-                  "tlm": f"{prefix}-tlm{online}.db", "random": f"{prefix}-random.db",
-                  "tlm-goal": f"{prefix}-tlm{online}-{goal}.db", "random-goal": f"{prefix}-random-{goal}.db"}
+                  "tlm": f"{prefix}-tlm{online}.db", "random": f"{prefix}-random.db"}
         runs = {
             "ansor": cached_run(done, f"{network}/ansor", lambda: run_tunecore(
                 model, args.ansor_trials, args.seed, search="ansor", cost_model="xgb",
@@ -184,7 +195,8 @@ def main() -> None:
             "tlm-topk": cached_run(done, f"{network}/tlm-topk{variant}", lambda: run_tunecore(
                 model, 32 * _task_count(model), args.seed, search="tlm", cost_model="none",
                 store=f"sqlite:{stores['tlm-topk']}",
-                extra_args=[*tlm_args, "-O", "search.online=false", "--scheduler", "round-robin",
+                extra_args=["-O", f"search.weights={weights}", *[a for o in topk_options for a in ("-O", o)],
+                            "-O", "search.online=false", "--scheduler", "round-robin",
                             "--round-size", "32"])),
             "tlm": cached_run(done, f"{network}/tlm{online}", lambda: run_tunecore(
                 model, args.tlm_trials, args.seed, search="tlm", cost_model=args.tlm_cost_model,
@@ -192,18 +204,16 @@ def main() -> None:
             "random": cached_run(done, f"{network}/random", lambda: run_tunecore(
                 model, args.tlm_trials, args.seed, search="random", cost_model="none",
                 store=f"sqlite:{stores['random']}")),
-            "tlm-goal": cached_run(done, f"{network}/tlm{online}@{goal}", lambda: run_tunecore(
-                model, goal, args.seed, search="tlm", cost_model=args.tlm_cost_model,
-                store=f"sqlite:{stores['tlm-goal']}", extra_args=online_args)),
-            "random-goal": cached_run(done, f"{network}/random@{goal}", lambda: run_tunecore(
-                model, goal, args.seed, search="random", cost_model="none", store=f"sqlite:{stores['random-goal']}")),
         }
+        stores.update(goal_runs(model, network, goal, args.seed, goal_run, prefix, done))
         progress = {name: store_progress(path, model) for name, path in stores.items()}
         ansor_final = progress["ansor"]["curve"][-1][2]
         reach = first_reaching(progress["tlm"]["curve"], ansor_final)
         ansor_reach = first_reaching(progress["ansor"]["curve"], ansor_final)
         started = time.perf_counter()
-        together = cached_run(done, f"{network}/remeasured{online}@{goal}", lambda: remeasured(model, stores))
+        with_control = "+ansor" if "ansor-goal" in stores else ""
+        together = cached_run(done, f"{network}/remeasured{online}@{goal}{with_control}",
+                              lambda: remeasured(model, stores))
         row = {
             "tasks": len(progress["ansor"]["tasks"]),
             "ansor_estimate_ms": ansor_final, "ansor_wall_s": runs["ansor"]["wall_s"],
@@ -218,6 +228,7 @@ def main() -> None:
             "tlm_below_random": below_at_each_trial(progress["tlm"]["curve"], progress["random"]["curve"]),
             "goal": {"trials": goal, "tlm_estimate_ms": progress["tlm-goal"]["curve"][-1][2],
                      "random_estimate_ms": progress["random-goal"]["curve"][-1][2],
+                     "ansor_estimate_ms": progress["ansor-goal"]["curve"][-1][2] if "ansor-goal" in stores else None,
                      "tasks_measured": {name: _tasks_measured(progress[name]) for name in ("tlm-goal", "random-goal")}},
             "remeasured_ms": together, "remeasure_s": round(time.perf_counter() - started, 1),
             "written": {name: _written(runs[name]["tasks"]) for name in ("tlm-topk", "tlm")},
@@ -226,9 +237,44 @@ def main() -> None:
                                                         (args.tlm_cost_model, online_args), online,
                                                         stores["ansor"], prefix, done)
                               for seed in range(args.seed + 1, args.seed + args.seeds)}
+        row["goal_seeds"] = {str(seed): goal_at_seed(model, network, goal, seed, goal_run, stores["ansor"], prefix,
+                                                     done)
+                             for seed in range(args.seed + 1, args.seed + args.goal_seeds)}
         report["networks"][network] = row
     report["sentences"] = cached_run(done, "sentences/resnet-50", lambda: sentence_lengths("zoo:resnet-50"))
     write_results(args.out, args.name, report, markdown(report))
+
+
+def goal_runs(model: str, network: str, goal: int, seed: int, run: dict, prefix: str, done: str,
+              tag: str = "") -> dict[str, str]:
+    """The goal's own runs at ``seed``: tlm (``run``'s cost model and arguments) and random search given ``goal``
+    trials, and ansor given them with that cost model where ``run`` has a control; their stores (``tag`` in their
+    names and cache keys: "" for the first seed)."""
+    stores = {"tlm-goal": f"{prefix}-tlm{run['online']}-{goal}{tag}.db",
+              "random-goal": f"{prefix}-random-{goal}{tag}.db"}
+    cache_tag = tag.replace("-", "/")
+    cached_run(done, f"{network}/tlm{run['online']}@{goal}{cache_tag}", lambda: run_tunecore(
+        model, goal, seed, search="tlm", cost_model=run["cost_model"], store=f"sqlite:{stores['tlm-goal']}",
+        extra_args=run["tlm_args"]))
+    cached_run(done, f"{network}/random@{goal}{cache_tag}", lambda: run_tunecore(
+        model, goal, seed, search="random", cost_model="none", store=f"sqlite:{stores['random-goal']}"))
+    if run["control"]:
+        name, control_args = run["control"]
+        stores["ansor-goal"] = f"{prefix}-{name}-{goal}{tag}.db"
+        cached_run(done, f"{network}/{name}@{goal}{cache_tag}", lambda: run_tunecore(
+            model, goal, seed, search="ansor", cost_model=run["cost_model"], store=f"sqlite:{stores['ansor-goal']}",
+            extra_args=control_args))
+    return stores
+
+
+def goal_at_seed(model: str, network: str, goal: int, seed: int, run: dict, ansor_store: str, prefix: str,
+                 done: str) -> dict:
+    """The goal's runs at another seed: their estimates, and their best programs re-measured with Ansor's."""
+    stores = goal_runs(model, network, goal, seed, run, prefix, done, tag=f"-seed{seed}")
+    with_control = "+ansor" if run["control"] else ""
+    return {"estimate_ms": {name: store_progress(path, model)["curve"][-1][2] for name, path in stores.items()},
+            "remeasured_ms": cached_run(done, f"{network}/remeasured{run['online']}@{goal}{with_control}/seed{seed}",
+                                        lambda: remeasured(model, {"ansor": ansor_store, **stores}))}
 
 
 def against_random(model: str, network: str, seed: int, trials: int, tlm_run: tuple[str, list[str]], variant: str,
@@ -327,6 +373,7 @@ def goal_markdown(report: dict) -> list[str]:
              f"| network | tasks measured (tlm / random) | ansor @{report['ansor_trials']} (ms) | tlm @{goal} (ms) | "
              f"random @{goal} (ms) | re-measured: tlm @{goal} / ansor | tlm @{goal} / random @{goal} | reached |",
              "|---|---:|---:|---:|---:|---:|---:|---|"]
+    control = []  # ansor given tlm's cost model (and its options) and the goal's trials, where the report has it
     for network, row in rows.items():
         g, r = row["goal"], row["remeasured_ms"]
         measured = g["tasks_measured"]
@@ -335,6 +382,42 @@ def goal_markdown(report: dict) -> list[str]:
                      f"{cell(row['ansor_estimate_ms'])} | {cell(g['tlm_estimate_ms'])} | "
                      f"{cell(g['random_estimate_ms'])} | {versus_ansor:.2f} | {r['tlm-goal'] / r['random-goal']:.2f} | "
                      f"{'yes' if versus_ansor <= 1 else 'no'} |")
+        if "ansor-goal" in r:
+            control.append(f"| {network} | {cell(g['ansor_estimate_ms'])} | {r['ansor-goal'] / r['ansor']:.2f} | "
+                           f"{r['tlm-goal'] / r['ansor-goal']:.2f} |")
+    lines += _goal_seeds_markdown(report, goal)
+    if control:
+        lines += ["", f"The control: ansor with tlm's cost model (`{report['tlm_cost_model']}`, the same options) "
+                  f"given {goal} trials, re-measured with the others.", "",
+                  f"| network | ansor + that cost model @{goal} (ms) | re-measured: it / ansor "
+                  f"@{report['ansor_trials']} | tlm @{goal} / it |", "|---|---:|---:|---:|", *control]
+    return lines
+
+
+def _goal_seeds_markdown(report: dict, goal: int) -> list[str]:
+    """The goal's runs over their seeds (min-max), re-measured per seed with Ansor's best programs."""
+    rows = {network: [{"estimate_ms": {"tlm-goal": row["goal"]["tlm_estimate_ms"]},
+                       "remeasured_ms": row["remeasured_ms"]}, *row["goal_seeds"].values()]
+            for network, row in report["networks"].items() if row.get("goal_seeds")}
+    if not rows:
+        return []
+
+    def span(values: list) -> str:
+        low, high = f"{min(values):.2f}", f"{max(values):.2f}"
+        return low if low == high else f"{low}-{high}"
+
+    lines = ["", f"Over seeds (min-max; each seed's best programs re-measured together with ansor's @"
+             f"{report['ansor_trials']}):", "",
+             f"| network | seeds | tlm @{goal} estimate (ms) | tlm / ansor | tlm / random @{goal} | "
+             f"ansor + tlm's cost model @{goal} / ansor | tlm / it |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for network, seeds in rows.items():
+        measured = [s["remeasured_ms"] for s in seeds]
+        control = all("ansor-goal" in m for m in measured)
+        lines.append(f"| {network} | {len(seeds)} | {span([s['estimate_ms']['tlm-goal'] for s in seeds])} | "
+                     f"{span([m['tlm-goal'] / m['ansor'] for m in measured])} | "
+                     f"{span([m['tlm-goal'] / m['random-goal'] for m in measured])} | "
+                     f"{span([m['ansor-goal'] / m['ansor'] for m in measured]) if control else '-'} | "
+                     f"{span([m['tlm-goal'] / m['ansor-goal'] for m in measured]) if control else '-'} |")
     return lines
 
 
