@@ -163,9 +163,12 @@ def main() -> None:
                          "round": metadata.get("round")}
     options = [o if "." in o.partition("=")[0] else f"search.{o}" for o in args.tlm_option]
     search_options = [o for o in options if o.startswith("search.")]
-    tlm_args = ["-O", f"search.weights={weights}", *[a for o in search_options for a in ("-O", o)]]
+    def flags(chosen: list[str]) -> list[str]:
+        return [a for o in chosen for a in ("-O", o)]
+
+    tlm_args = ["-O", f"search.weights={weights}", *flags(search_options)]
     other_options = [o for o in options if o not in search_options]  # other roles': the cost model's
-    online_args = [*tlm_args, *[a for o in other_options for a in ("-O", o)]]
+    online_args = [*tlm_args, *flags(other_options)]
     # in the cache keys and store names of tlm's runs: other weights, other options, other runs (a file's name
     # only); the top-k runs have no cost model, so only the search's options tell them apart
     def key(chosen: list[str]) -> str:
@@ -180,8 +183,9 @@ def main() -> None:
     report["tlm_options"], report["tlm_cost_model"] = options, args.tlm_cost_model
     # the control, with a cost model: ansor given it (and its options) and the goal's trials
     control = None if args.tlm_cost_model == "none" else (
-        f"ansor{cost_model_key}{key(other_options)}", [a for o in other_options for a in ("-O", o)])
-    goal_run = {"cost_model": args.tlm_cost_model, "tlm_args": online_args, "online": online, "control": control}
+        f"ansor{cost_model_key}{key(other_options)}", flags(other_options))
+    goal_run = {"cost_model": args.tlm_cost_model, "tlm_args": online_args, "online": online, "control": control,
+                "remeasured": f"remeasured{online}@{args.goal_trials}" + ("+ansor" if control else "")}
     for network in args.networks.split(","):
         model = network if ":" in network else f"zoo:{network}"
         prefix = os.path.join(work, network.replace(":", "_"))
@@ -195,7 +199,7 @@ def main() -> None:
             "tlm-topk": cached_run(done, f"{network}/tlm-topk{variant}", lambda: run_tunecore(
                 model, 32 * _task_count(model), args.seed, search="tlm", cost_model="none",
                 store=f"sqlite:{stores['tlm-topk']}",
-                extra_args=["-O", f"search.weights={weights}", *[a for o in topk_options for a in ("-O", o)],
+                extra_args=["-O", f"search.weights={weights}", *flags(topk_options),
                             "-O", "search.online=false", "--scheduler", "round-robin",
                             "--round-size", "32"])),
             "tlm": cached_run(done, f"{network}/tlm{online}", lambda: run_tunecore(
@@ -211,9 +215,7 @@ def main() -> None:
         reach = first_reaching(progress["tlm"]["curve"], ansor_final)
         ansor_reach = first_reaching(progress["ansor"]["curve"], ansor_final)
         started = time.perf_counter()
-        with_control = "+ansor" if "ansor-goal" in stores else ""
-        together = cached_run(done, f"{network}/remeasured{online}@{goal}{with_control}",
-                              lambda: remeasured(model, stores))
+        together = cached_run(done, f"{network}/{goal_run['remeasured']}", lambda: remeasured(model, stores))
         row = {
             "tasks": len(progress["ansor"]["tasks"]),
             "ansor_estimate_ms": ansor_final, "ansor_wall_s": runs["ansor"]["wall_s"],
@@ -271,9 +273,8 @@ def goal_at_seed(model: str, network: str, goal: int, seed: int, run: dict, anso
                  done: str) -> dict:
     """The goal's runs at another seed: their estimates, and their best programs re-measured with Ansor's."""
     stores = goal_runs(model, network, goal, seed, run, prefix, done, tag=f"-seed{seed}")
-    with_control = "+ansor" if run["control"] else ""
     return {"estimate_ms": {name: store_progress(path, model)["curve"][-1][2] for name, path in stores.items()},
-            "remeasured_ms": cached_run(done, f"{network}/remeasured{run['online']}@{goal}{with_control}/seed{seed}",
+            "remeasured_ms": cached_run(done, f"{network}/{run['remeasured']}/seed{seed}",
                                         lambda: remeasured(model, {"ansor": ansor_store, **stores}))}
 
 
