@@ -45,6 +45,7 @@ from tunecore import experiments
 from tunecore.experiments import cached_run, command_line, environment, environment_line, run_tunecore, write_results
 
 K = (1, 10, 32)
+REMEASURE_PASSES = 4
 BUDGETS = (50, 100, 200, 300, 1000)  # trials at which the runs' estimates are compared
 
 
@@ -103,26 +104,54 @@ def first_reaching(curve: list, goal: float) -> tuple[int, float] | None:
     return None
 
 
-def remeasured(model: str, stores: dict[str, str]) -> dict[str, float]:
-    """End-to-end estimates (ms) from each store's best program per task, all measured together."""
-    from tunecore.store.sqlite import SqliteStore
+def remeasured(done: str, key: str, model: str, stores: dict[str, str]) -> dict:
+    """Each store's best program per task, all measured together (cached under ``key``): "ms", the end-to-end
+    estimates from each program's median over the passes; "passes_ms", per store one estimate per pass (a task's
+    latency in that pass), whose ratios give the re-measure's own spread (None in caches made before it)."""
+    def measure() -> dict:
+        from tunecore.store.sqlite import SqliteStore
 
-    opened = {name: SqliteStore(path) for name, path in stores.items()}
-    try:
-        tasks = opened[next(iter(opened))].get_tasks(model)
-        totals = {name: 0.0 for name in stores}
-        for task in tasks:
-            groups = {}
-            for name, store in opened.items():
-                best = store.best(task.task_id, 1)
-                groups[name] = [best[0].candidate(task)] if best else []
-            latencies = experiments.remeasure_together(task, groups, passes=4)
-            for name in stores:
-                totals[name] += task.weight * (latencies[name][0] if latencies[name] else float("inf"))
-    finally:
-        for store in opened.values():
-            store.close()
-    return {name: 1e3 * total for name, total in totals.items()}
+        opened = {name: SqliteStore(path) for name, path in stores.items()}
+        try:
+            tasks = opened[next(iter(opened))].get_tasks(model)
+            medians = {name: 0.0 for name in stores}
+            totals = {name: np.zeros(REMEASURE_PASSES) for name in stores}
+            for task in tasks:
+                groups = {}
+                for name, store in opened.items():
+                    best = store.best(task.task_id, 1)
+                    groups[name] = [best[0].candidate(task)] if best else []
+                passes = experiments.remeasure_passes(task, groups, passes=REMEASURE_PASSES)
+                for name in stores:
+                    totals[name] += task.weight * (np.array(passes[name][0]) if passes[name] else np.inf)
+                    medians[name] += task.weight * (float(np.median(passes[name][0])) if passes[name] else np.inf)
+        finally:
+            for store in opened.values():
+                store.close()
+        return {"ms": {name: 1e3 * total for name, total in medians.items()},
+                "passes_ms": {name: [1e3 * t for t in total] for name, total in totals.items()}}
+
+    result = cached_run(done, key, measure)
+    return result if "ms" in result else {"ms": result, "passes_ms": None}
+
+
+def pass_ratios(row: dict, mine: str, theirs: str) -> list[float]:
+    """``mine`` / ``theirs`` in each pass of ``row``'s re-measure ([] where it kept no passes)."""
+    passes = row.get("remeasured_passes_ms")
+    return [a / b for a, b in zip(passes[mine], passes[theirs])] if passes else []
+
+
+def pass_span(rows: list[dict], mine: str, theirs: str) -> str:
+    """" (a-b)": min-max of ``mine`` / ``theirs`` over the passes of every re-measure in ``rows`` ("" without)."""
+    ratios = [r for row in rows for r in pass_ratios(row, mine, theirs)]
+    return f" ({min(ratios):.2f}-{max(ratios):.2f})" if ratios else ""
+
+
+def verdict(row: dict, mine: str, theirs: str) -> str:
+    """yes: ``mine`` at or below ``theirs`` in the re-measure (in every pass, where it kept them); level: below in
+    some passes only; no."""
+    ratios = pass_ratios(row, mine, theirs) or [row["remeasured_ms"][mine] / row["remeasured_ms"][theirs]]
+    return "yes" if max(ratios) <= 1 else "level" if min(ratios) <= 1 else "no"
 
 
 def main() -> None:
@@ -215,7 +244,7 @@ def main() -> None:
         reach = first_reaching(progress["tlm"]["curve"], ansor_final)
         ansor_reach = first_reaching(progress["ansor"]["curve"], ansor_final)
         started = time.perf_counter()
-        together = cached_run(done, f"{network}/{goal_run['remeasured']}", lambda: remeasured(model, stores))
+        together = remeasured(done, f"{network}/{goal_run['remeasured']}", model, stores)
         row = {
             "tasks": len(progress["ansor"]["tasks"]),
             "ansor_estimate_ms": ansor_final, "ansor_wall_s": runs["ansor"]["wall_s"],
@@ -232,7 +261,8 @@ def main() -> None:
                      "random_estimate_ms": progress["random-goal"]["curve"][-1][2],
                      "ansor_estimate_ms": progress["ansor-goal"]["curve"][-1][2] if "ansor-goal" in stores else None,
                      "tasks_measured": {name: _tasks_measured(progress[name]) for name in ("tlm-goal", "random-goal")}},
-            "remeasured_ms": together, "remeasure_s": round(time.perf_counter() - started, 1),
+            "remeasured_ms": together["ms"], "remeasured_passes_ms": together["passes_ms"],
+            "remeasure_s": round(time.perf_counter() - started, 1),
             "written": {name: _written(runs[name]["tasks"]) for name in ("tlm-topk", "tlm")},
         }
         row["other_seeds"] = {str(seed): against_random(model, network, seed, args.tlm_trials,
@@ -273,9 +303,9 @@ def goal_at_seed(model: str, network: str, goal: int, seed: int, run: dict, anso
                  done: str) -> dict:
     """The goal's runs at another seed: their estimates, and their best programs re-measured with Ansor's."""
     stores = goal_runs(model, network, goal, seed, run, prefix, done, tag=f"-seed{seed}")
+    together = remeasured(done, f"{network}/{run['remeasured']}/seed{seed}", model, {"ansor": ansor_store, **stores})
     return {"estimate_ms": {name: store_progress(path, model)["curve"][-1][2] for name, path in stores.items()},
-            "remeasured_ms": cached_run(done, f"{network}/{run['remeasured']}/seed{seed}",
-                                        lambda: remeasured(model, {"ansor": ansor_store, **stores}))}
+            "remeasured_ms": together["ms"], "remeasured_passes_ms": together["passes_ms"]}
 
 
 def against_random(model: str, network: str, seed: int, trials: int, tlm_run: tuple[str, list[str]], variant: str,
@@ -290,10 +320,10 @@ def against_random(model: str, network: str, seed: int, trials: int, tlm_run: tu
     cached_run(done, f"{network}/random/seed{seed}", lambda: run_tunecore(
         model, trials, seed, search="random", cost_model="none", store=f"sqlite:{stores['random']}"))
     curves = {name: store_progress(path, model)["curve"] for name, path in stores.items()}
+    together = remeasured(done, f"{network}/remeasured{variant}/seed{seed}", model, {"ansor": ansor_store, **stores})
     return {"at_trials_ms": {name: {str(n): estimate_at(curve, n) for n in BUDGETS} for name, curve in curves.items()},
             "tlm_below_random": below_at_each_trial(curves["tlm"], curves["random"]),
-            "remeasured_ms": cached_run(done, f"{network}/remeasured{variant}/seed{seed}",
-                                        lambda: remeasured(model, {"ansor": ansor_store, **stores}))}
+            "remeasured_ms": together["ms"], "remeasured_passes_ms": together["passes_ms"]}
 
 
 def sentence_lengths(model: str) -> dict:
@@ -370,7 +400,9 @@ def goal_markdown(report: dict) -> list[str]:
     lines = ["", f"## The goal: tlm given {goal} trials against ansor+xgb's {report['ansor_trials']}", "",
              f"Runs of exactly {goal} trials (every task gets its first round within them). Estimates as each run "
              "measured them; re-measured: the best programs of every run of the network measured together (4 passes "
-             "in random order). Reached: tlm's re-measured latency at or below ansor's.", "",
+             "in random order; in parentheses the ratio's min-max over the passes, a pass's estimate from the latency "
+             "of each task's program in it). Reached: tlm's re-measured latency at or below ansor's in every pass "
+             "(level: in some).", "",
              f"| network | tasks measured (tlm / random) | ansor @{report['ansor_trials']} (ms) | tlm @{goal} (ms) | "
              f"random @{goal} (ms) | re-measured: tlm @{goal} / ansor | tlm @{goal} / random @{goal} | reached |",
              "|---|---:|---:|---:|---:|---:|---:|---|"]
@@ -381,11 +413,11 @@ def goal_markdown(report: dict) -> list[str]:
         versus_ansor = r["tlm-goal"] / r["ansor"]
         lines.append(f"| {network} | {measured['tlm-goal']} / {measured['random-goal']} of {row['tasks']} | "
                      f"{cell(row['ansor_estimate_ms'])} | {cell(g['tlm_estimate_ms'])} | "
-                     f"{cell(g['random_estimate_ms'])} | {versus_ansor:.2f} | {r['tlm-goal'] / r['random-goal']:.2f} | "
-                     f"{'yes' if versus_ansor <= 1 else 'no'} |")
+                     f"{cell(g['random_estimate_ms'])} | {versus_ansor:.2f}{pass_span([row], 'tlm-goal', 'ansor')} | "
+                     f"{r['tlm-goal'] / r['random-goal']:.2f} | {verdict(row, 'tlm-goal', 'ansor')} |")
         if "ansor-goal" in r:
             control.append(f"| {network} | {cell(g['ansor_estimate_ms'])} | {r['ansor-goal'] / r['ansor']:.2f} | "
-                           f"{r['tlm-goal'] / r['ansor-goal']:.2f} |")
+                           f"{r['tlm-goal'] / r['ansor-goal']:.2f}{pass_span([row], 'tlm-goal', 'ansor-goal')} |")
     lines += _goal_seeds_markdown(report, goal)
     if control:
         lines += ["", f"The control: ansor with tlm's cost model (`{report['tlm_cost_model']}`, the same options) "
@@ -398,7 +430,8 @@ def goal_markdown(report: dict) -> list[str]:
 def _goal_seeds_markdown(report: dict, goal: int) -> list[str]:
     """The goal's runs over their seeds (min-max), re-measured per seed with Ansor's best programs."""
     rows = {network: [{"estimate_ms": {"tlm-goal": row["goal"]["tlm_estimate_ms"]},
-                       "remeasured_ms": row["remeasured_ms"]}, *row["goal_seeds"].values()]
+                       "remeasured_ms": row["remeasured_ms"],
+                       "remeasured_passes_ms": row.get("remeasured_passes_ms")}, *row["goal_seeds"].values()]
             for network, row in report["networks"].items() if row.get("goal_seeds")}
     if not rows:
         return []
@@ -408,17 +441,18 @@ def _goal_seeds_markdown(report: dict, goal: int) -> list[str]:
         return low if low == high else f"{low}-{high}"
 
     lines = ["", f"Over seeds (min-max; each seed's best programs re-measured together with ansor's @"
-             f"{report['ansor_trials']}):", "",
+             f"{report['ansor_trials']}; in parentheses min-max over the seeds' passes):", "",
              f"| network | seeds | tlm @{goal} estimate (ms) | tlm / ansor | tlm / random @{goal} | "
              f"ansor + tlm's cost model @{goal} / ansor | tlm / it |", "|---|---:|---:|---:|---:|---:|---:|"]
     for network, seeds in rows.items():
         measured = [s["remeasured_ms"] for s in seeds]
         control = all("ansor-goal" in m for m in measured)
         lines.append(f"| {network} | {len(seeds)} | {span([s['estimate_ms']['tlm-goal'] for s in seeds])} | "
-                     f"{span([m['tlm-goal'] / m['ansor'] for m in measured])} | "
+                     f"{span([m['tlm-goal'] / m['ansor'] for m in measured])}{pass_span(seeds, 'tlm-goal', 'ansor')} | "
                      f"{span([m['tlm-goal'] / m['random-goal'] for m in measured])} | "
                      f"{span([m['ansor-goal'] / m['ansor'] for m in measured]) if control else '-'} | "
-                     f"{span([m['tlm-goal'] / m['ansor-goal'] for m in measured]) if control else '-'} |")
+                     + (f"{span([m['tlm-goal'] / m['ansor-goal'] for m in measured])}"
+                        f"{pass_span(seeds, 'tlm-goal', 'ansor-goal')} |" if control else "- |"))
     return lines
 
 
