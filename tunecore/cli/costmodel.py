@@ -69,6 +69,7 @@ def cmd_costmodel(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    import os
     import time
 
     from tunecore.api import _construct
@@ -76,6 +77,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from tunecore.dataset.split import train_and_test
     from tunecore.dataset.table import Dataset
     from tunecore.errors import UsageError
+    from tunecore.modelfile import CHECKPOINT
     from tunecore.options import options_for, parse_options
     from tunecore.registry import Registry
     from tunecore.roles import CostModel
@@ -94,10 +96,16 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.dataset}: no measured program to train on (none ran, or none passed the filters)")
     test = measured_groups(dataset, [r for r in parts.test if r.latency is not None])
     model = _construct(registry, "cost_model", args.cost_model, seed=args.seed, **options)
+    checkpoint = args.out + CHECKPOINT
+    model.keep_checkpoint(checkpoint, {"cost_model": args.cost_model, "dataset": args.dataset, "split": parts.spec,
+                                       "devices": args.devices, "max_spread": args.max_spread,
+                                       "min_programs": args.min_programs, "seed": args.seed, "options": options})
     started = time.perf_counter()
     try:
         teach(model, train, [device for *_, device in test])
         model.save(args.out)
+        if os.path.exists(checkpoint):
+            os.remove(checkpoint)
         out: dict[str, Any] = {
             "out": args.out, "cost_model": args.cost_model, "dataset": args.dataset,
             "split": parts.spec or None, "measurements": len(train_rows), "groups": len(train),

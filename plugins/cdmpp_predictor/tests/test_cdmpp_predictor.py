@@ -290,6 +290,44 @@ def test_fine_tuning_on_a_second_device_changes_its_predictions_only(shipped):
     assert np.max(np.abs(np.log(after[1] / before[1]))) > 1e-3
 
 
+def test_costmodel_train_stopped_resumes_from_its_checkpoint(slice_path, tmp_path, monkeypatch, capsys):
+    from tunecore_cdmpp_predictor import model as model_module
+
+    from tunecore.cli import main
+
+    monkeypatch.setattr(model_module, "CHECKPOINT_EVERY", 50)
+    save = model_module.save_checkpoint
+    saved_at: list[int] = []
+
+    def saving(path: str, kind: str, settings: dict, step: int, state: dict, stop_at: int = -1) -> None:
+        save(path, kind, settings, step, state)
+        saved_at.append(step)
+        if step == stop_at:
+            raise KeyboardInterrupt  # Ctrl-C just after a checkpoint was written
+
+    def train(out: str) -> int:  # 200 steps (cdmpp's least)
+        return main(["costmodel", "train", "-d", slice_path, "--cost-model", "cdmpp", "--split",
+                     "workload:zoo:bert-tiny", "-O", "cdmpp.weights=none", "-O", "cdmpp.epochs=1", "-o", out, "--json"])
+
+    stopped, whole = str(tmp_path / "stopped.pt"), str(tmp_path / "whole.pt")
+    monkeypatch.setattr(model_module, "save_checkpoint", lambda *a: saving(*a, stop_at=100))
+    assert train(stopped) == 130
+    assert f"training's state at step 100 is kept in {stopped}.ckpt" in capsys.readouterr().err
+    assert not os.path.exists(stopped)
+    monkeypatch.setattr(model_module, "save_checkpoint", saving)
+    saved_at.clear()
+    assert train(stopped) == 0
+    assert saved_at == [150]  # the same command went on from step 100
+    assert not os.path.exists(stopped + ".ckpt")  # and removed the checkpoint once the weights were written
+    saved_at.clear()
+    assert train(whole) == 0
+    assert saved_at == [50, 100, 150]
+    # stopped and resumed, the same weights as a command that was never stopped
+    resumed, uninterrupted = (torch.load(f, weights_only=True)["state_dict"] for f in (stopped, whole))
+    assert resumed.keys() == uninterrupted.keys()
+    assert all(torch.equal(resumed[k], uninterrupted[k]) for k in resumed)
+
+
 def test_train_command_reports_held_out_error_and_predict_uses_its_weights(slice_path, tmp_path):
     import collections
 

@@ -78,6 +78,7 @@ class CDMPPModel(CostModel):
         # what it learned from: (task id, program key, device id) -> (program, device features, seconds)
         self.pool: dict[tuple[str, str, str], tuple[CompactAST, np.ndarray, float]] = {}
         self._device_vectors: dict[str, np.ndarray | None] = {}
+        self._checkpoint: tuple[str, dict[str, Any]] | None = None  # keep_checkpoint's
         self.rng = np.random.default_rng(self.seed)
         self.own_devices: set[str] = set()  # devices whose data trained the shared network in this process
 
@@ -180,6 +181,7 @@ class CDMPPModel(CostModel):
         "training"); returns what it learned from (programs, per device), what it trained, and the last loss.
         ``checkpoint`` (a file, the command's settings): where training from scratch keeps its state, to resume
         from when the same command runs again (model.Predictor.fit)."""
+        checkpoint = checkpoint or self._checkpoint
         added = [key for task, candidates, results in batches for key in self._add(task, candidates, results)]
         mode = "adapters" if self.predictor.trained else "shared network"
         loss = math.nan
@@ -187,6 +189,10 @@ class CDMPPModel(CostModel):
             loss = self._learn(added, steps, on_progress, checkpoint)
         return {"programs": len(added), "devices": dict(collections.Counter(key[2] for key in added)),
                 "trained": mode, "loss": loss}
+
+    def keep_checkpoint(self, path: str, settings: dict[str, Any]) -> bool:
+        self._checkpoint = (path, settings)
+        return True
 
     def _learn(self, added: Sequence[tuple], steps: int | None, on_progress: Any = None,
                checkpoint: tuple[str, dict[str, Any]] | None = None) -> float:
