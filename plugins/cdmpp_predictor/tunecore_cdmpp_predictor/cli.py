@@ -73,9 +73,9 @@ def _train(args: argparse.Namespace) -> int:
     _features(model, train, "features")
     settings = {k: getattr(args, k) for k in ("split", "devices", "max_spread", "min_programs", "epochs", "seed",
                                               "ensemble")}
+    model.keep_checkpoint(args.out + CHECKPOINT, settings)
     with render.tracker(transient=args.json) as on_progress:
-        report = model.learn([(t, c, r) for t, c, r, _ in train], on_progress=on_progress,
-                             checkpoint=(args.out + CHECKPOINT, settings))
+        report = model.learn([(t, c, r) for t, c, r, _ in train], on_progress=on_progress)
     if not report["programs"]:
         filters = " or none passed --max-spread/--min-programs" if args.max_spread or args.min_programs else ""
         raise UsageError(f"{args.dataset}: no programs to train on (none ran, or on devices cdmpp cannot describe"

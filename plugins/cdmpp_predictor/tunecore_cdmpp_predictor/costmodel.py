@@ -175,27 +175,22 @@ class CDMPPModel(CostModel):
         self.learn(batches)
 
     def learn(self, batches: Sequence[tuple[Task, Sequence[Candidate], Sequence[MeasureResult]]],
-              steps: int | None = None, on_progress: Callable[[Progress], None] | None = None,
-              checkpoint: tuple[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+              steps: int | None = None, on_progress: Callable[[Progress], None] | None = None) -> dict[str, Any]:
         """``update_all`` with a say in the number of steps, reporting each step to ``on_progress`` (stage
         "training"); returns what it learned from (programs, per device), what it trained, and the last loss.
-        ``checkpoint`` (a file, the command's settings): where training from scratch keeps its state, to resume
-        from when the same command runs again (model.Predictor.fit)."""
-        checkpoint = checkpoint or self._checkpoint
+        Training from scratch keeps its state where ``keep_checkpoint`` said (model.Predictor.fit)."""
         added = [key for task, candidates, results in batches for key in self._add(task, candidates, results)]
         mode = "adapters" if self.predictor.trained else "shared network"
         loss = math.nan
         if added:
-            loss = self._learn(added, steps, on_progress, checkpoint)
+            loss = self._learn(added, steps, on_progress)
         return {"programs": len(added), "devices": dict(collections.Counter(key[2] for key in added)),
                 "trained": mode, "loss": loss}
 
-    def keep_checkpoint(self, path: str, settings: dict[str, Any]) -> bool:
+    def keep_checkpoint(self, path: str, settings: dict[str, Any]) -> None:
         self._checkpoint = (path, settings)
-        return True
 
-    def _learn(self, added: Sequence[tuple], steps: int | None, on_progress: Any = None,
-               checkpoint: tuple[str, dict[str, Any]] | None = None) -> float:
+    def _learn(self, added: Sequence[tuple], steps: int | None, on_progress: Any = None) -> float:
         """Untrained, the model trains its shared network on everything. Trained, new data on a device
         whose data this model trained the shared network on (a run or a dataset it learned from scratch)
         trains the shared network further; new data on any other device (weights from a file, a device
@@ -206,7 +201,7 @@ class CDMPPModel(CostModel):
             self.own_devices = {key[2] for key in self.pool}
             # a first round of a few dozen programs still needs a few hundred steps to learn anything
             steps = steps or max(_MIN_STEPS, self.epochs * math.ceil(len(self.pool) / self.batch_size))
-            return self._fit(list(self.pool), steps, None, (), on_progress, checkpoint)
+            return self._fit(list(self.pool), steps, None, (), on_progress, self._checkpoint)
         steps = steps or max(self.online_steps, _FINETUNE_EPOCHS * math.ceil(len(added) / self.batch_size))
         loss = math.nan
         new_devices = {key[2] for key in added}
