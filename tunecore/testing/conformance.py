@@ -415,16 +415,25 @@ class MeasurerConformance(_TargetComponentSuite):
         import tvm
 
         program = _unscheduled("matmul-64", task.target)
-        (result,) = component.measure(program.task, [program])
-        assert result.error is None, result.error
         library = tvm.tirx.build(program.mod, target=task.target)
         device = tvm.cpu(0) if task.target.kind.name == "llvm" else tvm.device(task.target.kind.name, 0)
         rng = np.random.default_rng(0)
         args = [tvm.runtime.tensor(rng.uniform(size=[int(d) for d in shape]).astype(dtype), device)
                 for _, dtype, shape in program.task.args]
-        reference = float(np.median(library.time_evaluator(library.entry_name, device, repeat=5,
-                                                           min_repeat_ms=50)(*args).results))
-        assert 0.67 < result.latency / reference < 1.5, (result.latency, reference)
+        evaluator = library.time_evaluator(library.entry_name, device, repeat=5, min_repeat_ms=50)
+        # Either side can be the disturbed one on a shared machine (CI saw the reference read 3x the measurer's
+        # 0.10 ms beside the other test process), so the two alternate, up to 10 pairs, until their fastest
+        # agree; a measurer whose latency is not the program's never does.
+        latencies, references = [], []
+        for _ in range(10):
+            (result,) = component.measure(program.task, [program])
+            assert result.error is None, result.error
+            latencies.append(result.latency)
+            references.append(float(np.median(evaluator(*args).results)))
+            ratio = min(latencies) / min(references)
+            if 0.67 < ratio < 1.5:
+                break
+        assert 0.67 < ratio < 1.5, (latencies, references)
 
 
 def _unscheduled(op: str, target: Any) -> Candidate:
