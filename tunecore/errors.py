@@ -16,6 +16,11 @@ class MeasurerUnavailable(Exception):
     """
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (or `kill`) in a command that says itself what is kept: the CLI prints ``str(error)`` after
+    "interrupted; " and exits with code 130, as for any other interruption."""
+
+
 class PluginError(UsageError):
     """A plugin problem: a duplicate or unknown component name, an incompatible combination."""
 

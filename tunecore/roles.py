@@ -147,7 +147,8 @@ class CostModel(Component):
     def keep_checkpoint(self, path: str, settings: dict[str, Any]) -> None:
         """Keep the state of training from scratch in ``path`` while it trains, and start from the state found
         there when it was written with the same ``settings`` (``tunecore costmodel train``: the same command run
-        again continues after Ctrl-C). By default none is kept: the model trains from the start each time."""
+        again continues after Ctrl-C); ``save`` removes it, the training being over. By default none is kept:
+        the model trains from the start each time."""
 
     def save(self, path: str) -> None:
         """Write the model to ``path`` in a format that is safe to load (no pickle)."""

@@ -14,7 +14,7 @@ import sys
 from typing import Callable, Sequence
 
 from tunecore.cli.args import add_devices, add_filters, add_seed, count, duration, names, number
-from tunecore.errors import MeasurerUnavailable, PluginError, UsageError
+from tunecore.errors import Interrupted, MeasurerUnavailable, PluginError, UsageError
 from tunecore.options import parse_options
 
 # public (see tunecore.interfaces): what a plugin's commands may use; ``render`` is tunecore.cli.render, the rest the
@@ -94,6 +94,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MeasurerUnavailable as error:
         print(f"tunecore: error: {error}", file=sys.stderr)
         return 1
+    except Interrupted as stop:
+        print(f"tunecore: interrupted; {stop}", file=sys.stderr)
+        return 130
     except KeyboardInterrupt:
         print(f"tunecore: interrupted; {_what_is_kept()}, run the same command to resume", file=sys.stderr)
         return 130

@@ -69,14 +69,14 @@ def cmd_costmodel(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    import os
     import time
 
+    from tunecore import modelfile
     from tunecore.api import _construct
     from tunecore.dataset.evaluate import held_out_metrics, measured_groups, teach
     from tunecore.dataset.split import train_and_test
     from tunecore.dataset.table import Dataset
-    from tunecore.errors import UsageError
+    from tunecore.errors import Interrupted, UsageError
     from tunecore.modelfile import CHECKPOINT
     from tunecore.options import options_for, parse_options
     from tunecore.registry import Registry
@@ -97,15 +97,20 @@ def cmd_train(args: argparse.Namespace) -> int:
     test = measured_groups(dataset, [r for r in parts.test if r.latency is not None])
     model = _construct(registry, "cost_model", args.cost_model, seed=args.seed, **options)
     checkpoint = args.out + CHECKPOINT
-    model.keep_checkpoint(checkpoint, {"cost_model": args.cost_model, "dataset": args.dataset, "split": parts.spec,
-                                       "devices": args.devices, "max_spread": args.max_spread,
-                                       "min_programs": args.min_programs, "seed": args.seed, "options": options})
+    model.keep_checkpoint(checkpoint, {
+        "cost_model": args.cost_model, "dataset": args.dataset, "split": parts.spec, "devices": args.devices,
+        "max_spread": args.max_spread, "min_programs": args.min_programs, "seed": args.seed, "options": options})
     started = time.perf_counter()
     try:
-        teach(model, train, [device for *_, device in test])
+        try:
+            teach(model, train, [device for *_, device in test])
+        except KeyboardInterrupt:
+            # a model that keeps no checkpoint (xgb), or one stopped before it wrote its first
+            if (modelfile.last_checkpoint or ("",))[0] != checkpoint:
+                raise Interrupted(f"no training state of {args.cost_model} is kept: the same command trains it "
+                                  "from the start") from None
+            raise
         model.save(args.out)
-        if os.path.exists(checkpoint):
-            os.remove(checkpoint)
         out: dict[str, Any] = {
             "out": args.out, "cost_model": args.cost_model, "dataset": args.dataset,
             "split": parts.spec or None, "measurements": len(train_rows), "groups": len(train),

@@ -281,6 +281,27 @@ def test_xgb_ranks_held_out_bert_tiny_on_a_slice_of_the_shipped_dataset():
     assert xgb["pairwise_accuracy"] > 0.6, result
 
 
+def test_costmodel_train_stopped_says_xgb_starts_over(tmp_path, monkeypatch, capsys):
+    """xgb keeps no training state, so Ctrl-C during `costmodel train` says the same command starts over (not
+    that it resumes), exit 130, and leaves no weights file."""
+    import os
+
+    from tunecore.cli import main
+    from tunecore_ansor_search.xgb import XGBModel
+
+    def stopped(self, batches):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(XGBModel, "update_all", stopped)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    out = str(tmp_path / "xgb.json")
+    assert main(["costmodel", "train", "-d", os.path.join(root, "datasets", "cpu-programs.parquet"),
+                 "--cost-model", "xgb", "--split", "workload:zoo:bert-tiny", "-o", out]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted; no training state of xgb is kept: the same command trains it from the start" in err, err
+    assert "resume" not in err and not os.path.exists(out)
+
+
 def test_xgb_trained_on_a_dataset_starts_a_run_and_keeps_what_it_learned(tmp_path):
     """`tunecore costmodel train` fits xgb to a dataset's other workloads and saves it; `-O xgb.weights=FILE` starts
     from that file: it ranks a held-out workload's programs before the run measured anything (a fresh xgb guesses

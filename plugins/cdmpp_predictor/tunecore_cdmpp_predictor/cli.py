@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from typing import Any
 
@@ -87,8 +86,6 @@ def _train(args: argparse.Namespace) -> int:
                                   "max_spread": args.max_spread,
                                   "min_programs": args.min_programs}
     model.save(args.out)
-    if os.path.exists(args.out + CHECKPOINT):
-        os.remove(args.out + CHECKPOINT)
     out: dict[str, Any] = {"out": args.out, "programs": report["programs"], "devices": report["devices"],
                            "loss": round(report["loss"], 4), "train_s": round(time.perf_counter() - started, 1)}
     if test_rows:

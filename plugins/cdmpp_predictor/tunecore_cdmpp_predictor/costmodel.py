@@ -277,6 +277,8 @@ class CDMPPModel(CostModel):
 
     def save(self, path: str) -> None:
         self.predictor.save(path)
+        if self._checkpoint and os.path.exists(self._checkpoint[0]):  # the training it kept is over
+            os.remove(self._checkpoint[0])
 
     def load(self, path: str) -> None:
         from tunecore_cdmpp_predictor.model import Predictor
