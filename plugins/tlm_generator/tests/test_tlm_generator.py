@@ -408,6 +408,59 @@ def test_online_fine_tuning_learns_from_the_fastest_measured():
     assert [b[0] for b in state.best] == sorted(r.latency for r in store.best(task.task_id, 4))
 
 
+def _plain(decisions):
+    return [d if isinstance(d, int) else list(d) for d in decisions]
+
+
+def test_a_rewrite_keeps_the_decisions_it_keeps_and_the_model_writes_the_others(sketches, diverse):
+    from tunecore_tlm_generator.search import SHIPPED as WEIGHTS
+
+    model, vocab, _ = lm.load(WEIGHTS)
+    generator, rewritten, changed = torch.Generator().manual_seed(0), 0, 0
+    for task, target in diverse[:4]:
+        space, prompts, _ = sketches.of(task, target)
+        for prompt in (p for p in prompts if p.slots):
+            decisions = _plain(sampled_decisions(space, prompt, 3))
+            tokens = lm.slot_tokens(prompt, decisions, vocab)
+            everything = lm.generate(model, vocab, prompt, 3, 1.0, generator, True, [tokens] * 3)
+            assert [_plain(s.decisions) for s in everything] == [decisions] * 3
+            for slot in tokens:  # each slot with a choice written anew, the rest kept
+                kept = {k: v for k, v in tokens.items() if k != slot}
+                for sample in lm.generate(model, vocab, prompt, 4, 1.0, generator, True, [kept] * 4):
+                    written = _plain(sample.decisions)
+                    assert written[:slot] + written[slot + 1:] == decisions[:slot] + decisions[slot + 1:]
+                    assert prompt.slots[slot].is_valid(sample.decisions[slot])
+                    rewritten, changed = rewritten + 1, changed + (written[slot] != decisions[slot])
+    assert rewritten >= 40 and changed >= rewritten // 4
+
+
+def test_rewrites_start_from_the_fastest_programs_of_the_task():
+    """``rewrite``: that share of a round's programs is one of the task's fastest with 1-3 decisions written anew."""
+    from tunecore.registry import Registry
+    from tunecore.store.sqlite import MemoryStore
+    from tunecore.testing import InstantMeasurer, tiled_latency
+    from tunecore.testing.helpers import tiny_task
+    from tunecore.tuner import Tuner
+
+    task = tiny_task("matmul-128")
+    registry = Registry()
+    store = MemoryStore()
+    policy = registry.get("search", "tlm")(cost_model=registry.get("cost_model", "none")(), store=store, rewrite=1.0,
+                                           online=False)
+    tuner = Tuner(search=policy, cost_model=policy.cost_model, store=store,
+                  measurer=InstantMeasurer(task.target, latency=tiled_latency), round_size=8)
+    tuner.tune([task], 8, {"model": task.model})
+    (state,) = policy.tasks.values()
+    assert state.rewritten == 0  # nothing measured yet: the first round is written from scratch
+    parents = [(prompt, _plain(decisions)) for _, prompt, decisions in state.best]
+    candidates = policy.propose(task, 8)
+    assert len(candidates) == 8 and state.rewritten >= 8
+    for candidate in candidates:
+        prompt, decisions = state.made[candidate.key]
+        assert any(prompt is p and 1 <= sum(a != b for a, b in zip(_plain(decisions), d)) <= 3 for p, d in parents)
+    assert policy.task_report(task)["rewritten"] == state.rewritten
+
+
 def test_the_loop_writes_measures_and_fine_tunes_in_rounds_and_resumes(tmp_path):
     """`tlm loop`: each round the last round's weights write programs of the training task, measured into the
     loop's dataset, and the base weights are fine-tuned on the best of every sketch; the held-out workload's

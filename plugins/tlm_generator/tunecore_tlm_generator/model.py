@@ -129,6 +129,24 @@ def encode_example(prompt: SketchPrompt, decisions: Sequence[Any], vocab: Vocabu
     return ids, counted
 
 
+def slot_tokens(prompt: SketchPrompt, decisions: Sequence[Any], vocab: Vocabulary) -> dict[int, list[int]] | None:
+    """The tokens the decoder chooses (where it has a choice) to write ``decisions``, per slot; None if it could
+    not write them."""
+    steps = completion_steps(prompt, vocab)
+    allowed, slot = next(steps)
+    chosen: dict[int, list[int]] = {}
+    for token in vocab.encode(prompt.completion_words(decisions)) + [EOS]:
+        if token not in allowed:
+            return None
+        if len(allowed) > 1:
+            chosen.setdefault(slot, []).append(token)
+        try:
+            allowed, slot = steps.send(token)
+        except StopIteration:
+            break
+    return chosen
+
+
 def batches(examples: Sequence[tuple[list[int], list[bool]]], batch_size: int, rng: np.random.Generator,
             weights: Sequence[float] | None = None) -> Iterable[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """One pass over the examples in random order, as padded (inputs, next tokens, loss weights)."""
@@ -246,8 +264,11 @@ class Sample:
 
 @torch.no_grad()
 def generate(model: GPT, vocab: Vocabulary, prompt: SketchPrompt, count: int, temperature: float,
-             generator: torch.Generator, uniform_fallback: bool) -> list[Sample]:
-    """``count`` samples for one sketch, written token by token with every illegal token masked.
+             generator: torch.Generator, uniform_fallback: bool,
+             kept: Sequence[dict[int, list[int]]] | None = None) -> list[Sample]:
+    """``count`` samples for one sketch, written token by token with every illegal token masked; with ``kept``
+    (per sample, ``slot_tokens`` of the slots it keeps) sample i writes those slots as given and the model writes
+    the others, seeing the kept ones before and after them as it goes.
 
     The probability the model gives to illegal tokens is renormalized over the legal ones in proportion to
     the model's, or with ``uniform_fallback`` spread over them alike: where the model's favourites are all
@@ -258,6 +279,7 @@ def generate(model: GPT, vocab: Vocabulary, prompt: SketchPrompt, count: int, te
     logits, caches = model(torch.tensor([prompt_ids]))
     caches = [(k.expand(count, -1, -1, -1), v.expand(count, -1, -1, -1)) for k, v in caches]
     last = logits[:, -1, :].expand(count, -1)
+    kept = [{slot: list(tokens) for slot, tokens in k.items()} for k in kept] if kept else [{} for _ in range(count)]
     machines = [completion_steps(prompt, vocab) for _ in range(count)]
     steps: list[tuple[list[int], int] | None] = [next(m) for m in machines]
     locations: list[dict[int, list[int]]] = [{} for _ in range(count)]
@@ -282,6 +304,8 @@ def generate(model: GPT, vocab: Vocabulary, prompt: SketchPrompt, count: int, te
             if step is None:
                 continue
             allowed, slot = step
+            if len(allowed) > 1 and kept[i].get(slot) and kept[i][slot][0] in allowed:
+                chosen[i] = kept[i][slot].pop(0)
             if len(allowed) > 1 and slot < len(prompt.slots) and prompt.slots[slot].kind == "SampleComputeLocation":
                 ranked = sorted(allowed, key=lambda t: -float(probs[i, t]))
                 locations[i][slot] = vocab.decode_numbers([t for t in ranked if t != chosen[i]])

@@ -4,7 +4,9 @@ Per round and task: the model samples decisions for sketches drawn uniformly (TL
 uniformly too), decoding under masks so every decision is legal; the programs are replayed and
 postprocessed, those measured before dropped, and up to five rounds of sampling fill the batch
 (TLM's retries). With ``--cost-model none`` the samples are measured as they come; with a cost model
-that learns, ``oversample`` times as many are generated and the best-scored measured.
+that learns, ``oversample`` times as many are generated and the best-scored measured. With ``rewrite``, that share
+of a task's programs, once it has measured ones, keeps all but 1-3 decisions of one of its fastest and lets the
+model write those anew (a mutation whose new values the model picks).
 
 The model keeps learning during a run (``online``): after every ``online_every`` measurements it
 takes ``online_steps`` steps on the fastest programs of each task measured so far (TLM's fine-tuning
@@ -47,7 +49,7 @@ class _TaskState:
         self.fallback: str | None = None
         self.made: dict[str, tuple[Any, list[Any]]] = {}  # program key -> (prompt, decisions) it came from
         self.best: list[tuple[float, Any, list[Any]]] = []  # (latency, prompt, decisions), fastest first
-        self.generated = self.invalid = self.relocated = self.sampled = 0
+        self.generated = self.invalid = self.relocated = self.sampled = self.rewritten = 0
         self.postprocs = context.space.thread_postprocs()
 
 
@@ -55,14 +57,16 @@ class TLMSearch(SearchPolicy):
     name = "tlm"
 
     def __init__(self, *, weights: str = "shipped", temperature: float = 1.0, uniform_fallback: bool = True,
-                 oversample: int = 4, online: bool = True, online_every: int = 32, online_steps: int = 8,
-                 lr: float = 1e-4, batch_size: int = 16, threads: int | None = None, **kwargs: Any):
+                 oversample: int = 4, rewrite: float = 0.0, online: bool = True, online_every: int = 32,
+                 online_steps: int = 8, lr: float = 1e-4, batch_size: int = 16, threads: int | None = None,
+                 **kwargs: Any):
         super().__init__(**kwargs)
         check_options(
             weights=(weights, isinstance(weights, str) and bool(weights), "'shipped', 'shipped-base' or a file"),
             temperature=(temperature, is_number(temperature, 1e-3, 10), "between 0.001 and 10"),
             uniform_fallback=(uniform_fallback, isinstance(uniform_fallback, bool), "true or false"),
             oversample=(oversample, is_int(oversample, 1), "an integer >= 1"),
+            rewrite=(rewrite, is_number(rewrite, 0, 1), "between 0 and 1"),
             online=(online, isinstance(online, bool), "true or false"),
             online_every=(online_every, is_int(online_every, 1), "an integer >= 1"),
             online_steps=(online_steps, is_int(online_steps, 0), "an integer >= 0"),
@@ -82,6 +86,7 @@ class TLMSearch(SearchPolicy):
         except UsageError as error:
             raise UsageError(f"search 'tlm': {error}") from None
         self.temperature, self.uniform_fallback, self.oversample = temperature, uniform_fallback, oversample
+        self.rewrite = rewrite
         self.online, self.online_every, self.online_steps = online, online_every, online_steps
         self.lr, self.batch_size = lr, batch_size
         self.optimizer = None
@@ -129,11 +134,15 @@ class TLMSearch(SearchPolicy):
             return self._best_scored(task, state.context.space.sample_new(want, state.context.measured,
                                                                           origin="random"), n)
         found: dict[str, Candidate] = {}
-        for _ in range(_RETRIES):
-            before = len(found)
-            self._generate(state, task, want - len(found), found)
-            if len(found) >= want or len(found) == before:  # a round that wrote nothing valid: more will not
-                break
+        share = want * self.rewrite if state.best else 0.0
+        rewrites = int(share) + int(share % 1 > 0 and self.rng.random() < share % 1)  # 0.5 of 1: every other time
+        for make, target in ((self._rewrite, rewrites), (self._generate, want)):
+            for _ in range(_RETRIES):
+                before = len(found)
+                if len(found) < target:
+                    make(state, task, target - len(found), found)
+                if len(found) >= target or len(found) == before:  # a round that wrote nothing valid: more will not
+                    break
         candidates = self._best_scored(task, list(found.values()), n)
         if len(candidates) < n:
             candidates += self._sampled(state, n - len(candidates), found)
@@ -164,27 +173,49 @@ class TLMSearch(SearchPolicy):
         return sampled
 
     def _generate(self, state: _TaskState, task: Task, count: int, found: dict[str, Candidate]) -> None:
+        per_prompt = np.bincount(self.rng.integers(len(state.prompts), size=count), minlength=len(state.prompts))
+        for prompt, k in zip(state.prompts, per_prompt):
+            if k:
+                self._write(state, task, prompt, int(k), None, found)
+
+    def _rewrite(self, state: _TaskState, task: Task, count: int, found: dict[str, Candidate]) -> None:
+        """Programs near the task's fastest: one of them (``state.best``) with 1-3 of its decisions written anew by
+        the model, which sees the kept ones (a mutation the model chooses, where Ansor's are uniform)."""
+        from tunecore_tlm_generator import model as lm
+
+        by_prompt: dict[int, tuple[Any, list]] = {}
+        for parent in self.rng.integers(len(state.best), size=count):
+            _, prompt, decisions = state.best[parent]
+            tokens = lm.slot_tokens(prompt, decisions, self.vocab)
+            if not tokens:
+                continue
+            choices = sorted(tokens)
+            for slot in self.rng.choice(choices, size=min(len(choices), int(self.rng.integers(1, 4))), replace=False):
+                del tokens[slot]
+            by_prompt.setdefault(id(prompt), (prompt, []))[1].append(tokens)
+        for prompt, kept in by_prompt.values():
+            state.rewritten += len(kept)
+            self._write(state, task, prompt, len(kept), kept, found)
+
+    def _write(self, state: _TaskState, task: Task, prompt: Any, count: int, kept: list | None,
+               found: dict[str, Candidate]) -> None:
         from tunecore_tlm_generator import model as lm
         from tunecore_tlm_generator.sketches import realize
 
-        per_prompt = np.bincount(self.rng.integers(len(state.prompts), size=count), minlength=len(state.prompts))
-        for prompt, k in zip(state.prompts, per_prompt):
-            if k == 0:
+        for sample in lm.generate(self.model, self.vocab, prompt, count, self.temperature, self.generator,
+                                  self.uniform_fallback, kept):
+            state.generated += 1
+            sch, relocated = realize(state.context.space, prompt, sample,
+                                     seed=int(self.rng.integers(1, 2**31 - 1)), postprocs=state.postprocs)
+            state.relocated += relocated
+            if sch is None:
+                state.invalid += 1
                 continue
-            for sample in lm.generate(self.model, self.vocab, prompt, int(k), self.temperature, self.generator,
-                                      self.uniform_fallback):
-                state.generated += 1
-                sch, relocated = realize(state.context.space, prompt, sample,
-                                         seed=int(self.rng.integers(1, 2**31 - 1)), postprocs=state.postprocs)
-                state.relocated += relocated
-                if sch is None:
-                    state.invalid += 1
-                    continue
-                candidate = Candidate.from_schedule(task, sch, origin=self.name)
-                if candidate.key in state.measured or candidate.key in found:
-                    continue
-                found[candidate.key] = candidate
-                state.made[candidate.key] = (prompt, _decisions_of(sch, prompt, sample.decisions))
+            candidate = Candidate.from_schedule(task, sch, origin=self.name)
+            if candidate.key in state.measured or candidate.key in found:
+                continue
+            found[candidate.key] = candidate
+            state.made[candidate.key] = (prompt, _decisions_of(sch, prompt, sample.decisions))
 
     def observe(self, task: Task, candidates: Sequence[Candidate], results: Sequence[MeasureResult]) -> None:
         state = self.tasks[task.task_id]
@@ -230,7 +261,7 @@ class TLMSearch(SearchPolicy):
         if state.fallback is not None:
             return {"tlm": f"random ({state.fallback})"}
         return {"tlm": f"{len(state.prompts)} sketches", "generated": state.generated, "invalid": state.invalid,
-                "relocated": state.relocated, "sampled": state.sampled}
+                "relocated": state.relocated, "sampled": state.sampled, "rewritten": state.rewritten}
 
 
 def _decisions_of(sch: Any, prompt: Any, written: list[Any]) -> list[Any]:
