@@ -267,7 +267,7 @@ def test_an_unknown_corpus_model_is_one_line():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["bert", "distilbert", "gpt2", "t5-encoder", "vit", "swin", "convnext", "resnext",
-                                  "shufflenet-v2", "mobilenet-v1", "squeezenet"])
+                                  "shufflenet-v2", "mobilenet-v1", "squeezenet", "googlenet"])
 def test_every_corpus_model_imports_tunes_and_compiles_matching_its_framework(name, tmp_path):
     corpus = _corpus()
     assert name in corpus.BY_NAME

@@ -190,6 +190,40 @@ def _squeezenet() -> Any:
         Fire(512, 64, 256), nn.Conv2d(512, 1000, 1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
 
 
+def _googlenet() -> Any:
+    """GoogLeNet (Inception v1) as torchvision builds it, without the auxiliary classifiers: convs without bias
+    followed by batch norm (eps 0.001), ceil-mode max pools, and in each Inception module's third branch a 3x3 conv
+    where the paper has a 5x5 (torchvision's weights were trained so)."""
+    from torch import nn
+
+    def conv(cin: int, cout: int, kernel: int, stride: int = 1) -> Any:
+        return nn.Sequential(nn.Conv2d(cin, cout, kernel, stride, kernel // 2, bias=False),
+                             nn.BatchNorm2d(cout, eps=0.001), nn.ReLU())
+
+    class Inception(nn.Module):
+        def __init__(self, cin: int, c1: int, r3: int, c3: int, r5: int, c5: int, proj: int):
+            super().__init__()
+            self.branches = nn.ModuleList([
+                conv(cin, c1, 1), nn.Sequential(conv(cin, r3, 1), conv(r3, c3, 3)),
+                nn.Sequential(conv(cin, r5, 1), conv(r5, c5, 3)),
+                nn.Sequential(nn.MaxPool2d(3, 1, 1, ceil_mode=True), conv(cin, proj, 1))])
+
+        def forward(self, x: Any) -> Any:
+            return torch.cat([branch(x) for branch in self.branches], dim=1)
+
+    def pool(kernel: int = 3) -> Any:
+        return nn.MaxPool2d(kernel, 2, ceil_mode=True)
+
+    return nn.Sequential(
+        conv(3, 64, 7, 2), pool(), conv(64, 64, 1), conv(64, 192, 3), pool(),
+        Inception(192, 64, 96, 128, 16, 32, 32), Inception(256, 128, 128, 192, 32, 96, 64), pool(),
+        Inception(480, 192, 96, 208, 16, 48, 64), Inception(512, 160, 112, 224, 24, 64, 64),
+        Inception(512, 128, 128, 256, 24, 64, 64), Inception(512, 112, 144, 288, 32, 64, 64),
+        Inception(528, 256, 160, 320, 32, 128, 128), pool(2),
+        Inception(832, 256, 160, 320, 32, 128, 128), Inception(832, 384, 192, 384, 48, 128, 128),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(1024, 1000))
+
+
 CORPUS: tuple[CorpusModel, ...] = (
     CorpusModel("bert", _hf("BertModel", "BertConfig", _tokens(128), num_hidden_layers=2),
                 ("input_ids",), "onnx", ({0: "batch", 1: "sequence"},)),
@@ -211,6 +245,7 @@ CORPUS: tuple[CorpusModel, ...] = (
     CorpusModel("shufflenet-v2", _plain(_shufflenet, _image()), ("input",), "onnx", ({0: "batch"},)),
     CorpusModel("mobilenet-v1", _plain(_mobilenet_v1, _image()), ("input",), "onnx", ({0: "batch"},)),
     CorpusModel("squeezenet", _plain(_squeezenet, _image()), ("input",), "onnx", ({0: "batch"},)),
+    CorpusModel("googlenet", _plain(_googlenet, _image()), ("input",), "onnx", ({0: "batch"},)),
 )
 BY_NAME = {model.name: model for model in CORPUS}
 
