@@ -456,16 +456,20 @@ def _goal_seeds_markdown(report: dict, goal: int) -> list[str]:
     return lines
 
 
-def seeds_markdown(report: dict) -> list[str]:
-    """tlm against random search over the seeds (min-max), where the report has more than one."""
+def span(values: list, form=None) -> str:
+    """"low-high" of ``values`` written by ``form`` (default: the tables' cell), one number where they agree; "-"
+    where one is missing."""
     from tunecore.cli.render import cell
 
-    def span(values: list, form=cell) -> str:
-        if not values or None in values:
-            return "-"
-        low, high = form(min(values)), form(max(values))
-        return low if low == high else f"{low}-{high}"
+    form = form or cell
+    if not values or None in values:
+        return "-"
+    low, high = form(min(values)), form(max(values))
+    return low if low == high else f"{low}-{high}"
 
+
+def seeds_markdown(report: dict) -> list[str]:
+    """tlm against random search over the seeds (min-max), where the report has more than one."""
     ratio = "{:.2f}".format
     # the first seed's runs are the row's own
     rows = {network: [row, *row["other_seeds"].values()] for network, row in report["networks"].items()
