@@ -57,7 +57,7 @@ class TLMSearch(SearchPolicy):
     name = "tlm"
 
     def __init__(self, *, weights: str = "shipped", temperature: float = 1.0, uniform_fallback: bool = True,
-                 oversample: int = 4, rewrite: float = 0.0, online: bool = True, online_every: int = 32,
+                 oversample: int = 4, rewrite: float = 0.5, online: bool = True, online_every: int = 32,
                  online_steps: int = 8, lr: float = 1e-4, batch_size: int = 16, threads: int | None = None,
                  **kwargs: Any):
         super().__init__(**kwargs)
