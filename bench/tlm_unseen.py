@@ -10,8 +10,8 @@ measured), the estimates at a few budgets, and the two runs' best programs per t
     python bench/tlm_unseen.py [--networks corpus:squeezenet,corpus:googlenet] [--trials 256] [--seeds 3]
                                [--variant NAME=KEY=VALUE,KEY=VALUE ...] [--name tlm_unseen]
 
-``--variant as-shipped=`` (the default) runs tlm with its defaults; e.g. ``--variant rewrite=rewrite=0.5`` adds a run
-with ``-O search.rewrite=0.5``. Runs are cached in bench/results/tlm-work/ (random search's are shared by every
+``--variant as-shipped=`` (the default) runs tlm with its defaults; e.g. ``--variant rewrite-0=rewrite=0`` adds a run
+with ``-O search.rewrite=0``. Runs are cached in bench/results/tlm-work/ (random search's are shared by every
 variant); results in bench/results/<name>.{json,md}.
 """
 

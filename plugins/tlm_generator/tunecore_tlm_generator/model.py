@@ -268,7 +268,7 @@ def generate(model: GPT, vocab: Vocabulary, prompt: SketchPrompt, count: int, te
              kept: Sequence[dict[int, list[int]]] | None = None) -> list[Sample]:
     """``count`` samples for one sketch, written token by token with every illegal token masked; with ``kept``
     (per sample, ``slot_tokens`` of the slots it keeps) sample i writes those slots as given and the model writes
-    the others, seeing the kept ones before and after them as it goes.
+    the others, each after every decision before it, kept or written.
 
     The probability the model gives to illegal tokens is renormalized over the legal ones in proportion to
     the model's, or with ``uniform_fallback`` spread over them alike: where the model's favourites are all

@@ -5,8 +5,8 @@ uniformly too), decoding under masks so every decision is legal; the programs ar
 postprocessed, those measured before dropped, and up to five rounds of sampling fill the batch
 (TLM's retries). With ``--cost-model none`` the samples are measured as they come; with a cost model
 that learns, ``oversample`` times as many are generated and the best-scored measured. With ``rewrite``, that share
-of a task's programs, once it has measured ones, keeps all but 1-3 decisions of one of its fastest and lets the
-model write those anew (a mutation whose new values the model picks).
+of a task's programs (0.5), once it has measured ones, keeps all but 1-3 decisions of one of its fastest and lets
+the model write those anew (a mutation whose new values the model picks).
 
 The model keeps learning during a run (``online``): after every ``online_every`` measurements it
 takes ``online_steps`` steps on the fastest programs of each task measured so far (TLM's fine-tuning
@@ -180,7 +180,7 @@ class TLMSearch(SearchPolicy):
 
     def _rewrite(self, state: _TaskState, task: Task, count: int, found: dict[str, Candidate]) -> None:
         """Programs near the task's fastest: one of them (``state.best``) with 1-3 of its decisions written anew by
-        the model, which sees the kept ones (a mutation the model chooses, where Ansor's are uniform)."""
+        the model after the decisions before them (a mutation whose values the model picks; Ansor's are uniform)."""
         from tunecore_tlm_generator import model as lm
 
         by_prompt: dict[int, tuple[Any, list]] = {}
