@@ -108,42 +108,44 @@ def completion_steps(prompt: SketchPrompt, vocab: Vocabulary) -> Generator[tuple
     return decisions
 
 
+def _written(prompt: SketchPrompt, decisions: Sequence[Any], vocab: Vocabulary) -> list[tuple[int, bool, int]] | None:
+    """(token, whether the decoder has a choice there, its slot) for each completion token that writes
+    ``decisions``; None if a decision is not one the decoder could write."""
+    steps = completion_steps(prompt, vocab)
+    allowed, slot = next(steps)
+    out = []
+    for token in vocab.encode(prompt.completion_words(decisions)) + [EOS]:
+        if token not in allowed:
+            return None
+        out.append((token, len(allowed) > 1, slot))
+        try:
+            allowed, slot = steps.send(token)
+        except StopIteration:
+            break
+    return out
+
+
 def encode_example(prompt: SketchPrompt, decisions: Sequence[Any], vocab: Vocabulary,
                    prompt_ids: list[int] | None = None) -> tuple[list[int], list[bool]] | None:
     """Token ids of prompt + completion and which of them the loss counts (the decisions); None if a
     decision is not one the decoder could write."""
+    written = _written(prompt, decisions, vocab)
+    if written is None:
+        return None
     ids = [BOS, *(prompt_ids if prompt_ids is not None else vocab.encode(prompt.words)), SEP]
-    counted = [False] * len(ids)
-    target = vocab.encode(prompt.completion_words(decisions)) + [EOS]
-    steps = completion_steps(prompt, vocab)
-    allowed, _ = next(steps)
-    for token in target:
-        if token not in allowed:
-            return None
-        ids.append(token)
-        counted.append(len(allowed) > 1)
-        try:
-            allowed, _ = steps.send(token)
-        except StopIteration:
-            break
-    return ids, counted
+    return ids + [token for token, _, _ in written], [False] * len(ids) + [choice for _, choice, _ in written]
 
 
 def slot_tokens(prompt: SketchPrompt, decisions: Sequence[Any], vocab: Vocabulary) -> dict[int, list[int]] | None:
     """The tokens the decoder chooses (where it has a choice) to write ``decisions``, per slot; None if it could
     not write them."""
-    steps = completion_steps(prompt, vocab)
-    allowed, slot = next(steps)
+    written = _written(prompt, decisions, vocab)
+    if written is None:
+        return None
     chosen: dict[int, list[int]] = {}
-    for token in vocab.encode(prompt.completion_words(decisions)) + [EOS]:
-        if token not in allowed:
-            return None
-        if len(allowed) > 1:
+    for token, choice, slot in written:
+        if choice:
             chosen.setdefault(slot, []).append(token)
-        try:
-            allowed, slot = steps.send(token)
-        except StopIteration:
-            break
     return chosen
 
 
