@@ -39,7 +39,7 @@ def main() -> None:
     variants = {}
     for spec in args.variant or ["as-shipped="]:
         name, _, options = spec.partition("=")
-        if not name or any("=" not in o for o in options.split(",") if o):
+        if "=" not in spec or not name or any("=" not in o for o in options.split(",") if o):
             parser.error(f"--variant {spec}: NAME=KEY=VALUE,KEY=VALUE (or NAME= for tlm's defaults)")
         variants[name] = [o for o in options.split(",") if o]
     if args.seeds < 1:
