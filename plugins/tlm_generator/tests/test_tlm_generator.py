@@ -461,6 +461,33 @@ def test_rewrites_start_from_the_fastest_programs_of_the_task():
     assert policy.task_report(task)["rewritten"] == state.rewritten
 
 
+def test_explore_takes_its_share_of_every_round_from_tvms_sampler():
+    """``explore``: that share of a round's programs is TVM's uniform samples, learnable like the model's own."""
+    from tunecore.registry import Registry
+    from tunecore.store.sqlite import MemoryStore
+    from tunecore.testing import InstantMeasurer, tiled_latency
+    from tunecore.testing.helpers import tiny_task
+    from tunecore.tuner import Tuner
+
+    task = tiny_task("matmul-128")
+    registry = Registry()
+    for explore, sampled in ((1.0, 8), (0.25, 2), (0.0, 0)):
+        store = MemoryStore()
+        policy = registry.get("search", "tlm")(cost_model=registry.get("cost_model", "none")(), store=store,
+                                               explore=explore, online=False)
+        tuner = Tuner(search=policy, cost_model=policy.cost_model, store=store,
+                      measurer=InstantMeasurer(task.target, latency=tiled_latency), round_size=8)
+        tuner.tune([task], 8, {"model": task.model})
+        (state,) = policy.tasks.values()
+        assert state.sampled == sampled  # 8 x 0.25 is a whole number: no rounding at random
+        candidates = policy.propose(task, 8)
+        assert len(candidates) == 8 and sum(c.origin == "random" for c in candidates) == sampled
+        assert state.sampled == 2 * sampled and all(c.key in state.made for c in candidates)
+        assert len(state.best) == 4 and (state.rewritten == 0) == (explore == 1.0)  # explore 1: nothing left to rewrite
+    assert_one_line_exit_2(run_cli("run", "--model", "op:matmul-64", "--search", "tlm", "-O", "search.explore=2",
+                                   "--trials", "1"), "explore must be between 0 and 1")
+
+
 def test_the_loop_writes_measures_and_fine_tunes_in_rounds_and_resumes(tmp_path):
     """`tlm loop`: each round the last round's weights write programs of the training task, measured into the
     loop's dataset, and the base weights are fine-tuned on the best of every sketch; the held-out workload's

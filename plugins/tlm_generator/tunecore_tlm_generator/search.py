@@ -6,7 +6,8 @@ postprocessed, those measured before dropped, and up to five rounds of sampling 
 (TLM's retries). With ``--cost-model none`` the samples are measured as they come; with a cost model
 that learns, ``oversample`` times as many are generated and the best-scored measured. With ``rewrite``, that share
 of a task's programs (0.5), once it has measured ones, keeps all but 1-3 decisions of one of its fastest and lets
-the model write those anew (a mutation whose new values the model picks).
+the model write those anew (a mutation whose new values the model picks). With ``explore``, that share of every
+round's programs is TVM's uniform samples instead, learned from and rewritten like the model's own.
 
 The model keeps learning during a run (``online``): after every ``online_every`` measurements it
 takes ``online_steps`` steps on the fastest programs of each task measured so far (TLM's fine-tuning
@@ -57,9 +58,9 @@ class TLMSearch(SearchPolicy):
     name = "tlm"
 
     def __init__(self, *, weights: str = "shipped", temperature: float = 1.0, uniform_fallback: bool = True,
-                 oversample: int = 4, rewrite: float = 0.5, online: bool = True, online_every: int = 32,
-                 online_steps: int = 8, lr: float = 1e-4, batch_size: int = 16, threads: int | None = None,
-                 **kwargs: Any):
+                 oversample: int = 4, rewrite: float = 0.5, explore: float = 0.0, online: bool = True,
+                 online_every: int = 32, online_steps: int = 8, lr: float = 1e-4, batch_size: int = 16,
+                 threads: int | None = None, **kwargs: Any):
         super().__init__(**kwargs)
         check_options(
             weights=(weights, isinstance(weights, str) and bool(weights), "'shipped', 'shipped-base' or a file"),
@@ -67,6 +68,7 @@ class TLMSearch(SearchPolicy):
             uniform_fallback=(uniform_fallback, isinstance(uniform_fallback, bool), "true or false"),
             oversample=(oversample, is_int(oversample, 1), "an integer >= 1"),
             rewrite=(rewrite, is_number(rewrite, 0, 1), "between 0 and 1"),
+            explore=(explore, is_number(explore, 0, 1), "between 0 and 1"),
             online=(online, isinstance(online, bool), "true or false"),
             online_every=(online_every, is_int(online_every, 1), "an integer >= 1"),
             online_steps=(online_steps, is_int(online_steps, 0), "an integer >= 0"),
@@ -86,7 +88,7 @@ class TLMSearch(SearchPolicy):
         except UsageError as error:
             raise UsageError(f"search 'tlm': {error}") from None
         self.temperature, self.uniform_fallback, self.oversample = temperature, uniform_fallback, oversample
-        self.rewrite = rewrite
+        self.rewrite, self.explore = rewrite, explore
         self.online, self.online_every, self.online_steps = online, online_every, online_steps
         self.lr, self.batch_size = lr, batch_size
         self.optimizer = None
@@ -134,9 +136,10 @@ class TLMSearch(SearchPolicy):
             return self._best_scored(task, state.context.space.sample_new(want, state.context.measured,
                                                                           origin="random"), n)
         found: dict[str, Candidate] = {}
-        share = want * self.rewrite if state.best else 0.0
-        rewrites = int(share) + int(share % 1 > 0 and self.rng.random() < share % 1)  # 0.5 of 1: every other time
-        for make, target in ((self._rewrite, rewrites), (self._generate, want)):
+        if self.explore:  # no random draw without it: explore=0 keeps the stream of the runs before it
+            found.update((c.key, c) for c in self._sampled(state, self._share(want, self.explore), found))
+        rewrites = self._share(want, self.rewrite) if state.best else 0
+        for make, target in ((self._rewrite, min(want, len(found) + rewrites)), (self._generate, want)):
             for _ in range(_RETRIES):
                 before = len(found)
                 if len(found) < target:
@@ -149,6 +152,11 @@ class TLMSearch(SearchPolicy):
         state.made = {c.key: state.made[c.key] for c in candidates if c.key in state.made}  # the rest is forgotten
         return candidates
 
+    def _share(self, count: int, share: float) -> int:
+        """``share`` of ``count`` as a whole number, the fraction rounded up at random (0.5 of 1: every other time)."""
+        exact = count * share
+        return int(exact) + int(exact % 1 > 0 and self.rng.random() < exact % 1)
+
     def _best_scored(self, task: Task, candidates: list[Candidate], n: int) -> list[Candidate]:
         if len(candidates) <= n:
             return candidates
@@ -156,10 +164,10 @@ class TLMSearch(SearchPolicy):
         return [candidates[i] for i in np.argsort(-scores, kind="stable")[:n]]
 
     def _sampled(self, state: _TaskState, count: int, found: dict[str, Candidate]) -> list[Candidate]:
-        """Uniform samples where the model wrote too few valid programs (weights that never saw this target: the
-        shipped ones, learned on CPU programs, tile CUDA kernels beyond the GPU's thread and shared-memory limits,
-        and MetaSchedule's GPU check rejects them all), kept learnable: online fine-tuning learns from the valid
-        ones that measure fastest."""
+        """Uniform samples: the ``explore`` share, and where the model wrote too few valid programs (weights that
+        never saw this target: the shipped ones, learned on CPU programs, tile CUDA kernels beyond the GPU's thread
+        and shared-memory limits, and MetaSchedule's GPU check rejects them all), kept learnable: online
+        fine-tuning learns from the valid ones that measure fastest, and rewrites start from them."""
         from tunecore_tlm_generator.sketches import trace_decisions
 
         sampled = state.context.space.sample_new(count, state.measured | set(found), origin="random")
