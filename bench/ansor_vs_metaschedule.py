@@ -19,13 +19,12 @@ the same process right after.
                                           [--tunecore-args "-O search.time_ratio=1 --round-size 64"]
 
 Resumable: finished runs are kept in --work (default: a directory under /tmp) and skipped when
-the command is repeated on the same kind of machine (CPU model, target); runs made on another are
-redone. Writes bench/results/ansor_vs_metaschedule.{json,md}.
+the command is repeated; a work folder whose runs were made on another machine (CPU model, cores) is
+refused. Writes bench/results/ansor_vs_metaschedule.{json,md}.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -96,20 +95,10 @@ def main() -> None:
     threads = use_target_threads(target)  # children inherit it: both tuners run kernels on every core
     os.makedirs(args.work, exist_ok=True)
     done_path = os.path.join(args.work, "runs.json")
-    done = json.load(open(done_path)) if os.path.exists(done_path) else {}
     env = environment()
-    machine = {"cpu": env["cpu"], "cores": env["cores"], "target": env["target"]}
 
     def run_once(key: str, run) -> dict:
-        if key in done and done[key].get("machine") != machine:
-            print(f"{key} was run on another machine ({done[key].get('machine')}): running it again", file=sys.stderr)
-            del done[key]
-        if key not in done:
-            print(f"running {key} ...", file=sys.stderr, flush=True)
-            done[key] = {**run(), "machine": machine}
-            with open(done_path, "w") as f:
-                json.dump(done, f, indent=2)
-        r = done[key]
+        r = experiments.cached_run(done_path, key, run)
         print(f"  {key}: {r['wall_s']:.0f} s, best {r['best_latency_s'] * 1e3:.3f} ms during the run", file=sys.stderr)
         return r
 

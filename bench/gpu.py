@@ -242,6 +242,8 @@ def report(args) -> None:
             merged["gpu"] = json.load(open(os.path.join(work, "gpu.json")))
         if os.path.exists(os.path.join(work, "runs.json")):  # each run's own best, also of runs not re-measured
             for key, run in json.load(open(os.path.join(work, "runs.json"))).items():
+                if key == experiments.MADE_ON:
+                    continue
                 merged["during_runs"][key] = {k: run.get(k) for k in ("wall_s", "measured", "errors",
                                                                          "best_latency_s")}
         for name in os.listdir(work):

@@ -1,6 +1,10 @@
 """What experiments share: timing things together so that drift falls on all of them alike."""
 
-from tunecore.experiments import environment_line, passes_together, remeasure_together
+import json
+
+import pytest
+
+from tunecore.experiments import MADE_ON, cached_run, environment_line, passes_together, remeasure_together
 from tunecore.testing import sample_candidates
 
 
@@ -34,3 +38,25 @@ def test_the_environment_line_names_cpu_cores_target_tvm_and_command():
                                                               "versions": {"apache-tvm": "0.27.0.post1"}}}
     assert environment_line(report, threads=2) == ('CPU: AMD EPYC (2 cores, kernels on 2 threads), target `{"kind": '
                                                    '"llvm"}`, TVM 0.27.0.post1. Command: `python bench/x.py`.')
+
+
+def test_a_run_cache_skips_what_it_holds_and_is_refused_on_another_machine(tmp_path, capsys):
+    done, calls = str(tmp_path / "runs.json"), []
+    assert cached_run(done, "a", lambda: calls.append("a") or {"x": 1}) == {"x": 1}
+    assert cached_run(done, "a", lambda: calls.append("a") or {"x": 2}) == {"x": 1} and calls == ["a"]
+    cache = json.load(open(done))
+    del cache[MADE_ON]  # a file from before the machine was named: taken as this one's, and named from then on
+    with open(done, "w") as f:
+        json.dump(cache, f)
+    assert cached_run(done, "a", lambda: calls.append("a") or {"x": 3}) == {"x": 1} and calls == ["a"]
+    cache = json.load(open(done))
+    assert set(cache) == {"a", MADE_ON} and cache[MADE_ON]["mcpu"] and cache[MADE_ON]["family_model"]
+    cache[MADE_ON] = {**cache[MADE_ON], "family_model": "0/0"}
+    with open(done, "w") as f:
+        json.dump(cache, f)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as refused:
+        cached_run(done, "b", lambda: calls.append("b") or {})
+    assert refused.value.code == 2 and calls == ["a"]
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "'family_model': '0/0'" in err and "another work folder" in err

@@ -17,6 +17,7 @@ from tunecore.experiments.results import (
 )
 from tunecore.experiments.runs import (
     BUILDER_TIMEOUT_S,
+    MADE_ON,
     best_candidates,
     best_programs,
     cached_run,
@@ -38,8 +39,8 @@ from tunecore.experiments.timing import (
 )
 
 __all__ = [
-    "BUILDER_TIMEOUT_S", "best_candidates", "best_programs", "build_from_store", "cached_run", "command_line",
-    "dataset_line", "dataset_record", "environment",
+    "BUILDER_TIMEOUT_S", "MADE_ON", "best_candidates", "best_programs", "build_from_store", "cached_run",
+    "command_line", "dataset_line", "dataset_record", "environment",
     "environment_line", "median_call_seconds", "pass_orders", "passes_together", "ratio_range", "remeasure_passes",
     "remeasure_together", "remove_sqlite", "run_metaschedule", "run_metaschedule_for", "run_timed", "run_tunecore",
     "script_parser", "split_tables", "time_builds_together", "write_results",

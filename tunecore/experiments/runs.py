@@ -4,6 +4,7 @@ child with ``--_metaschedule``); and a cache of such runs, so that a repeated be
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -162,12 +163,34 @@ def _metaschedule_child(model: str, trials: int, seed: int, work_dir: str, strat
     ok = [s for s in secs if s < 1e9]
     print(json.dumps({"measured": len(secs), "ok": len(ok), "best_latency_s": min(ok) if ok else None}))
 
+MADE_ON = "_made_on"  # a run cache's entry naming the machine its runs were made on
+
+
+@functools.lru_cache(maxsize=1)
+def _this_machine() -> dict:
+    from tunecore.targets import device_descriptor, resolve_target
+
+    device = device_descriptor(resolve_target("llvm"))
+    return {field: device.get(field) for field in ("cpu", "vendor", "family_model", "mcpu", "cores")}
+
+
 def cached_run(done_path: str, key: str, run: Callable[[], dict]) -> dict:
-    """``run()``'s result, kept under ``key`` in the JSON file ``done_path``: a repeated command skips it."""
+    """``run()``'s result, kept under ``key`` in the JSON file ``done_path``: a repeated command skips it.
+
+    The file names the machine its runs were made on and is refused on another: there the runs' stores would
+    resume, and one results file would mix two machines' timings. (A file from before it names none: taken as
+    this machine's.)"""
     done = json.load(open(done_path)) if os.path.exists(done_path) else {}
+    saved = MADE_ON in done and key in done
+    made_on, here = done.setdefault(MADE_ON, _this_machine()), _this_machine()
+    if made_on != here:
+        print(f"{done_path}: its runs were made on {made_on}, this machine is {here}: give the benchmark another "
+              "work folder (--out or --work) or remove it", file=sys.stderr)
+        raise SystemExit(2)
     if key not in done:
         print(f"running {key} ...", file=sys.stderr, flush=True)
         done[key] = run()
+    if not saved:
         with open(done_path, "w") as f:
             json.dump(done, f, indent=2)
     return done[key]
