@@ -19,7 +19,7 @@ the same process right after.
                                           [--tunecore-args "-O search.time_ratio=1 --round-size 64"]
 
 Resumable: finished runs are kept in --work (default: a directory under /tmp) and skipped when
-the command is repeated; a work folder whose runs were made on another machine (CPU model, cores) is
+the command is repeated; a work folder whose runs were made on another machine (CPU model, mcpu, cores) is
 refused. Writes bench/results/ansor_vs_metaschedule.{json,md}.
 """
 

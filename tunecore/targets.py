@@ -265,12 +265,16 @@ def gpu_fields(dev: Any) -> dict[str, Any]:
 _IDENTITY_KEYS = ("kind", "cpu", "vendor", "family_model", "mcpu", "cores", "arch", "gpu", "sm_count", "memory_bytes")
 
 
+def device_identity(description: dict[str, Any]) -> dict[str, Any]:
+    """What of a device's description makes it that device: the same CPU or GPU model used the same way."""
+    return {k: description[k] for k in _IDENTITY_KEYS if k in description}
+
+
 def device_id(description: dict[str, Any]) -> str:
     """A short stable id of a device: equal for the same CPU or GPU model used the same way (mcpu, cores)."""
     import hashlib
 
-    identity = {k: description[k] for k in _IDENTITY_KEYS if k in description}
-    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps(device_identity(description), sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _max_clock_mhz() -> float | None:

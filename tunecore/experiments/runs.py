@@ -163,15 +163,15 @@ def _metaschedule_child(model: str, trials: int, seed: int, work_dir: str, strat
     ok = [s for s in secs if s < 1e9]
     print(json.dumps({"measured": len(secs), "ok": len(ok), "best_latency_s": min(ok) if ok else None}))
 
+
 MADE_ON = "_made_on"  # a run cache's entry naming the machine its runs were made on
 
 
 @functools.lru_cache(maxsize=1)
 def _this_machine() -> dict:
-    from tunecore.targets import device_descriptor, resolve_target
+    from tunecore.targets import device_descriptor, device_identity, resolve_target
 
-    device = device_descriptor(resolve_target("llvm"))
-    return {field: device.get(field) for field in ("cpu", "vendor", "family_model", "mcpu", "cores")}
+    return device_identity(device_descriptor(resolve_target("llvm")))
 
 
 def cached_run(done_path: str, key: str, run: Callable[[], dict]) -> dict:
@@ -182,7 +182,8 @@ def cached_run(done_path: str, key: str, run: Callable[[], dict]) -> dict:
     this machine's.)"""
     done = json.load(open(done_path)) if os.path.exists(done_path) else {}
     saved = MADE_ON in done and key in done
-    made_on, here = done.setdefault(MADE_ON, _this_machine()), _this_machine()
+    here = _this_machine()
+    made_on = done.setdefault(MADE_ON, here)
     if made_on != here:
         print(f"{done_path}: its runs were made on {made_on}, this machine is {here}: give the benchmark another "
               "work folder (--out or --work) or remove it", file=sys.stderr)
