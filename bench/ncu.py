@@ -52,14 +52,10 @@ def profiled(row) -> bool:
 
 
 def run_models(dataset: Dataset, parts: Split, path: str, seed: int, group_size: int | None) -> dict:
-    """One evaluate() per model (each model name takes one set of options per call), merged into one result."""
-    merged: dict = {}
-    for label, (name, options) in MODELS.items():
-        options = {k: (path if k == "oracle" else v) for k, v in options.items()}
-        result = evaluate(dataset, parts, [name], seed=seed, options={name: options}, group_size=group_size)
-        merged = merged or {k: v for k, v in result.items() if k != "models"} | {"models": {}}
-        merged["models"][label] = result["models"][name]
-    return merged
+    """Every model of ``MODELS`` on one split, the oracle given the dataset's path."""
+    models = {label: (name, {k: (path if k == "oracle" else v) for k, v in options.items()})
+              for label, (name, options) in MODELS.items()}
+    return evaluate(dataset, parts, models, seed=seed, group_size=group_size)
 
 
 def chance_recall(parts: Split, k: int) -> float:

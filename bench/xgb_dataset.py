@@ -6,23 +6,16 @@ with smaller steps, on held-out networks (the ranker tlm's `oversample` and a pr
 
 Per split (two sets of networks held out, on the dataset's primary device, as `bench/costmodel_eval.py`'s
 cross-model split): xgb with its defaults and with each ``--options`` set, trained on the same measurements through
-the yardstick's own `teach` and scored by its `held_out_metrics` in groups of ``--group-size`` programs, beside the
-per-task constant floor and the noise ceiling. The programs' features are extracted once and shared by every model
-(training and scoring are deterministic for a seed, so sharing changes no number, only the time).
+the yardstick (`tunecore.dataset.evaluate`, as `tunecore costmodel eval --variant`) in groups of ``--group-size``
+programs, beside the per-task constant floor and the noise ceiling. The programs' features are extracted once for
+every model, outside its `train_s`.
 Writes bench/results/<name>.json and .md.
 """
 
 from __future__ import annotations
 
 from tunecore import experiments
-from tunecore.dataset.evaluate import (
-    constant_floor,
-    fixed_size_groups,
-    held_out_metrics,
-    measured_groups,
-    noise_ceiling,
-    teach,
-)
+from tunecore.dataset.evaluate import evaluate
 from tunecore.dataset.split import split
 from tunecore.dataset.table import Dataset
 from tunecore.experiments import (
@@ -34,6 +27,7 @@ from tunecore.experiments import (
     split_tables,
     write_results,
 )
+from tunecore.features import shared_features
 from tunecore.options import options_for, parse_options
 
 SPLITS = ("workload:zoo:resnet-18,zoo:mobilenet-v2,zoo:bert-tiny",
@@ -71,32 +65,14 @@ def main() -> None:
     dataset = Dataset.load(args.dataset)
     info = dataset.info()
     primary = next(iter(info["devices"]))
-    extractor = None
+    models = {f"xgb {label}": ("xgb", options) for label, options in option_sets.items()}
     results = {}
-    for spec in SPLITS:
-        parts = split(dataset, spec, args.seed, devices=[primary])
-        train = measured_groups(dataset, parts.train)
-        test = fixed_size_groups(measured_groups(dataset, [r for r in parts.test if r.latency is not None]),
-                                 args.group_size, args.seed)
-        weights = [parts.weights.get(t.workload_hash, 1) for t, *_ in test]
-        models = {}
-        for label, options in option_sets.items():
-            model = _construct(registry, "cost_model", "xgb", seed=args.seed, **options)
-            extractor = model.extractor = extractor or model.extractor
-            extractor.cache_size = max(extractor.cache_size, len(dataset.rows))
-            try:
-                train_s = teach(model, train, [device for *_, device in test])
-                models[f"xgb {label}"] = {**held_out_metrics(model, test, weights, args.seed),
-                                          "train_s": round(train_s, 3)}
-            finally:
-                model.close()
-            print(f"{spec}: xgb {label}: {models[f'xgb {label}']}", flush=True)
-        results["held out: " + spec.partition(":")[2].replace(",", ", ")] = {
-            "split": spec, "train": {"measurements": len(parts.train), "groups": len(train)},
-            "test": {"measurements": sum(len(g[1]) for g in test), "groups": len(test), "group_size": args.group_size},
-            "models": models,
-            "references": {"per-task constant (floor)": constant_floor(test, parts, args.seed),
-                           "second labels (ceiling)": noise_ceiling(test, parts, args.seed)}}
+    with shared_features(len(dataset.rows)):  # the splits test the same device's programs: extract them once
+        for spec in SPLITS:
+            parts = split(dataset, spec, args.seed, devices=[primary])
+            result = evaluate(dataset, parts, models, seed=args.seed, group_size=args.group_size, registry=registry)
+            results["held out: " + spec.partition(":")[2].replace(",", ", ")] = result
+            print(f"{spec}: {result['models']}", flush=True)
     report = {"command": command_line("xgb_dataset.py"), "environment": environment(),
               "dataset": dataset_record(args.dataset, info, primary=primary), "option_sets": option_sets,
               "results": results}
@@ -108,8 +84,8 @@ def markdown(report: dict) -> str:
     lines = ["# xgb trained on the dataset: its defaults against longer boosting with smaller steps", "",
              f"{dataset_line(data)}; trained and tested on the primary device {data['devices'][data['primary']]}.",
              environment_line(report), "",
-             "`defaults`: rounds=100, eta=0.2, max_depth=8 (sized for a run's online retraining). `train_s` of the "
-             "first row includes extracting every program's features, which the other rows share.", ""]
+             "`defaults`: rounds=100, eta=0.2, max_depth=8 (sized for a run's online retraining). `train_s` leaves "
+             "out extracting the programs' features, done once for every row.", ""]
     lines += split_tables(report["results"], COLUMNS)
     return "\n".join(lines)
 

@@ -401,6 +401,13 @@ def test_bad_dataset_files_are_one_line_errors(collected, tmp_path):
                                    "--split", "nokind:x"), "expected KIND:VALUES")
     assert_one_line_exit_2(run_cli("costmodel", "eval", "--dataset", str(collected[0]), "--cost-model", "nosuch",
                                    "--split", "random:0.5"), "unknown cost model 'nosuch'")
+    for bad in ("long", "long=rounds=2", "two=xgb.rounds=2,none.x=1"):
+        assert_one_line_exit_2(run_cli("costmodel", "eval", "--dataset", str(collected[0]), "--variant", bad,
+                                       "--split", "random:0.5"), "LABEL=NAME.KEY=VALUE")
+    assert_one_line_exit_2(run_cli("costmodel", "eval", "--dataset", str(collected[0]), "--cost-model", "none",
+                                   "--variant", "none=none.x=1", "--split", "random:0.5"), "names another row")
+    assert_one_line_exit_2(run_cli("costmodel", "eval", "--dataset", str(collected[0]), "--split", "random:0.5"),
+                           "name the cost models")
     assert_one_line_exit_2(run_cli("dataset", "collect", "--model", "op:matmul-64", "--per-task", "4",
                                    "--out", str(tmp_path / "d.csv")), "ends in .parquet")
     assert_one_line_exit_2(run_cli("dataset", "collect", "--model", "op:matmul-64", "--per-task", "4",

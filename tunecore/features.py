@@ -3,13 +3,15 @@
 MetaSchedule's per-store features of candidates (Ansor's 164 numbers per buffer store), cached by program,
 shared by the cost models that learn from them (``xgb``, ``cdmpp``, ``ncu``): TVM's parallel C++ extractor,
 one TuneContext per task, a bounded cache keyed by the candidate's program key, and a program TVM cannot
-extract features from gives None instead of failing its batch. Also a program's fixed-length summary of
-its store rows, and a device's description as numbers.
+extract features from gives None instead of failing its batch. Within ``shared_features()`` every extractor
+answers from one cache (models judged side by side on the same programs extract each program once). Also a
+program's fixed-length summary of its store rows, and a device's description as numbers.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 from typing import Any, Sequence
 
@@ -30,6 +32,8 @@ class PerStoreFeatures:
 
     def __call__(self, task: Task, candidates: Sequence[Candidate]) -> list[np.ndarray | None]:
         """Per-store feature rows (n_stores x 164, float32) of each candidate; None where TVM cannot extract them."""
+        if _shared is not None and _shared is not self:
+            return _shared(task, candidates)
         missing = {}
         for c in candidates:
             if c.key not in self.cache and c.key not in missing:
@@ -75,6 +79,28 @@ class PerStoreFeatures:
             context = ms.TuneContext(mod=task.mod, target=task.target, num_threads=self.threads)
             self.contexts[task.task_id] = context
         return context
+
+
+_shared: PerStoreFeatures | None = None
+
+
+@contextlib.contextmanager
+def shared_features(programs: int) -> Any:
+    """Every ``PerStoreFeatures`` answers from one cache of at least ``programs`` programs until the block ends.
+    A program's features are the same whichever model asks for them, so sharing changes no model's numbers, only
+    the time they take."""
+    global _shared
+    from tunecore.targets import model_threads
+
+    outer = _shared
+    if outer is None:
+        _shared = PerStoreFeatures(model_threads(), max(programs, 1))
+    else:
+        outer.cache_size = max(outer.cache_size, programs)
+    try:
+        yield _shared
+    finally:
+        _shared = outer
 
 
 def program_row(rows: np.ndarray) -> np.ndarray:

@@ -18,8 +18,12 @@ def add_commands(register: Any) -> None:
     evaluate = sub.add_parser("eval", help="train on one side of a split, report ranking (and latency) metrics on "
                                            "the other")
     evaluate.add_argument("--dataset", "-d", required=True, help="dataset file (.parquet)")
-    evaluate.add_argument("--cost-model", type=names, required=True,
+    evaluate.add_argument("--cost-model", type=names, default=[],
                           help="cost models, comma-separated (e.g. xgb,none)")
+    evaluate.add_argument("--variant", type=variant, action="append", default=[],
+                          metavar="LABEL=NAME.KEY=VALUE,...",
+                          help="a cost model with its own options, judged beside the others as row LABEL (repeatable), "
+                               "e.g. --variant long=xgb.rounds=2000,xgb.eta=0.025")
     evaluate.add_argument("--split", required=True,
                           help="workload:W1,W2 (cross-model) | device:ID,... (cross-device) | task:FRACTION | "
                                "random:FRACTION | cdmpp:N (CDMPP's: every Nth program of a task by latency)")
@@ -48,19 +52,38 @@ def add_commands(register: Any) -> None:
     train.add_argument("--json", action="store_true")
 
 
+def variant(text: str) -> tuple[str, str, list[str]]:
+    """An argparse type: ``LABEL=NAME.KEY=VALUE,...`` -> (label, the one cost model NAME, its NAME.KEY=VALUE pairs)."""
+    label, _, rest = text.partition("=")
+    pairs = [pair for pair in rest.split(",") if pair]
+    models = {pair.partition(".")[0] for pair in pairs}
+    if not label or not pairs or len(models) != 1 or not all("=" in pair and "." in pair for pair in pairs):
+        raise argparse.ArgumentTypeError(f"expected LABEL=NAME.KEY=VALUE,NAME.KEY=VALUE with one cost model NAME, "
+                                         f"not {text!r}")
+    return label, models.pop(), pairs
+
+
 def cmd_costmodel(args: argparse.Namespace) -> int:
     if args.costmodel_command == "train":
         return cmd_train(args)
     from tunecore.dataset.evaluate import evaluate
     from tunecore.dataset.split import split
     from tunecore.dataset.table import Dataset
+    from tunecore.errors import UsageError
     from tunecore.options import parse_options
 
-    options = parse_options(args.option, args.cost_model)
+    models = {name: (name, {}) for name in args.cost_model}
+    for label, name, pairs in args.variant:
+        if label in models:
+            raise UsageError(f"--variant {label}=...: the label {label} names another row; give each its own")
+        models[label] = (name, parse_options(pairs, [name])[name])
+    if not models:
+        raise UsageError("costmodel eval: name the cost models to judge (--cost-model, --variant)")
+    options = parse_options(args.option, [name for name, _ in models.values()])
     dataset = Dataset.load(args.dataset)
     parts = split(dataset, args.split, args.seed, args.devices, max_spread=args.max_spread,
                   min_programs=args.min_programs)
-    result = evaluate(dataset, parts, args.cost_model, seed=args.seed, options=options, group_size=args.group_size)
+    result = evaluate(dataset, parts, models, seed=args.seed, options=options, group_size=args.group_size)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -134,7 +157,8 @@ def print_table(result: dict[str, Any]) -> None:
     columns = list(dict.fromkeys(k for metrics in models.values() for k in metrics))
     table = Table(title=f"split {result['split']}: train {result['train']['measurements']} measurements, "
                         f"test {result['test']['measurements']} programs in {result['test']['groups']} task x device "
-                        "groups (groups ranked: those with >= 2 programs that ran)")
+                        "groups (groups ranked: those with >= 2 programs that ran); features extracted once for every "
+                        f"model in {result['features_s']} s, outside train s")
     table.add_column("cost model")
     for column in columns:
         table.add_column(column.replace("_", " "), justify="right")

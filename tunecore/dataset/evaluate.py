@@ -14,7 +14,9 @@ the programs that ran (failures are training data, not test data):
 - ``top1_score``/``top5_score``: TenSet's score, sum over groups of weight x best latency over sum of
   weight x (best latency among the k best-scored), weight = calls per inference of the tested workloads;
 - for models that predict latency (``predicts_latency``): ``mape`` and ``rmse_ms`` of the predicted seconds;
-- ``train_s`` and ``predict_programs_per_s`` (programs replayed into schedules before the clock starts).
+- ``train_s`` and ``predict_programs_per_s``: the model's own time. The programs are replayed into schedules and
+  their per-store features extracted before any clock starts, once for every model (``features_s``): the
+  models share one cache of them (``tunecore.features.shared_features``).
 
 - ``mape_task_normalised``: the MAPE left once each group's predictions are rescaled by the one factor that
   fits that group best: the error in placing programs within their task, with each task's level forgiven.
@@ -41,7 +43,7 @@ from __future__ import annotations
 
 import collections
 import time
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -53,15 +55,23 @@ from tunecore.errors import UsageError
 TOP_K = (1, 5, 32)
 
 
-def evaluate(dataset: Dataset, split: Split, model_names: Sequence[str], *, seed: int = 0,
-             options: dict[str, dict[str, Any]] | None = None, group_size: int | None = None,
+def evaluate(dataset: Dataset, split: Split, models: Sequence[str] | Mapping[str, tuple[str, dict[str, Any]]], *,
+             seed: int = 0, options: dict[str, dict[str, Any]] | None = None, group_size: int | None = None,
              registry: Any = None) -> dict[str, Any]:
-    """Metrics per cost model (see the module docstring), with the split's sizes."""
+    """Metrics per cost model (see the module docstring), with the split's sizes. ``models``: registered names,
+    or labels mapped to (name, keyword arguments), so one model can be judged with several option sets; the
+    keyword arguments go over ``options`` (``-O``)."""
+    from tunecore.api import _construct
+    from tunecore.features import shared_features
+    from tunecore.options import options_for
     from tunecore.registry import Registry
 
     registry = registry or Registry.shared()
-    for name in model_names:
-        registry.get("cost_model", name)  # an unknown name fails before any work
+    entries = dict(models.items()) if isinstance(models, Mapping) else {name: (name, {}) for name in models}
+    entries = {label: (name, {**options_for(options, "cost_model", name), **overrides})
+               for label, (name, overrides) in entries.items()}
+    for name, kwargs in entries.values():  # an unknown name or a bad option fails before any work
+        _construct(registry, "cost_model", name, seed=seed, **kwargs).close()
     train = measured_groups(dataset, split.train)
     test = measured_groups(dataset, [r for r in split.test if r.latency is not None])
     if group_size is not None:
@@ -75,8 +85,13 @@ def evaluate(dataset: Dataset, split: Split, model_names: Sequence[str], *, seed
         "test": {"measurements": sum(len(g[1]) for g in test), "groups": len(test), "group_size": group_size},
         "models": {},
     }
-    for name in model_names:
-        out["models"][name] = _evaluate_one(registry, name, train, test, split, seed, options or {})
+    with shared_features(sum(len(g[1]) for g in train + test)) as features:
+        started = time.perf_counter()
+        for task, candidates, _, _ in train + test:
+            features(task, candidates)
+        out["features_s"] = round(time.perf_counter() - started, 1)
+        for label, (name, kwargs) in entries.items():
+            out["models"][label] = _evaluate_one(registry, name, kwargs, train, test, split, seed)
     out["references"] = {"per-task constant (floor)": constant_floor(test, split, seed),
                          "second labels (ceiling)": noise_ceiling(test, split, seed)}
     return out
@@ -162,12 +177,11 @@ def guess_metrics(latencies: list[np.ndarray], guesses: list[np.ndarray], weight
             **latency_metrics(latencies, guesses)}
 
 
-def _evaluate_one(registry: Any, name: str, train: list, test: list, split: Split, seed: int,
-                  options: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def _evaluate_one(registry: Any, name: str, kwargs: dict[str, Any], train: list, test: list, split: Split,
+                  seed: int) -> dict[str, Any]:
     from tunecore.api import _construct
-    from tunecore.options import options_for
 
-    model = _construct(registry, "cost_model", name, seed=seed, **options_for(options, "cost_model", name))
+    model = _construct(registry, "cost_model", name, seed=seed, **kwargs)
     try:
         train_s = teach(model, train, [device for *_, device in test])
         weights = [split.weights.get(t.workload_hash, 1) for t, *_ in test]

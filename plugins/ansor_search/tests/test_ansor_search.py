@@ -281,6 +281,41 @@ def test_xgb_ranks_held_out_bert_tiny_on_a_slice_of_the_shipped_dataset():
     assert xgb["pairwise_accuracy"] > 0.6, result
 
 
+def test_costmodel_eval_judges_option_sets_of_one_model_on_features_extracted_once(monkeypatch):
+    """`evaluate` with labelled (name, options) entries, as `costmodel eval --variant`: each entry is trained with
+    its own options, every program's features are extracted once for all of them, and an entry's numbers are those
+    it gets when judged alone."""
+    import os
+
+    from tunecore.dataset.evaluate import evaluate
+    from tunecore.dataset.split import split
+    from tunecore.dataset.table import Dataset
+    from tunecore.features import PerStoreFeatures
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    full = Dataset.load(os.path.join(root, "datasets", "cpu-programs.parquet"))
+    primary = next(iter(full.info()["devices"]))
+    keys = [key for key, task in full.tasks.items() if "zoo:bert-tiny" in task.workloads][:2] + \
+        [key for key, task in full.tasks.items() if "zoo:bert-tiny" not in task.workloads][:4]
+    dataset = Dataset()
+    dataset.tasks, dataset.devices = full.tasks, full.devices
+    dataset.rows = [r for key in keys for r in full.rows_of(key, primary)[:24]]
+    parts = split(dataset, "workload:zoo:bert-tiny", 0)
+    extracted = []
+    extract = PerStoreFeatures._extract
+    monkeypatch.setattr(PerStoreFeatures, "_extract",
+                        lambda self, task, candidates: extracted.extend(c.key for c in candidates) or
+                        extract(self, task, candidates))
+    entries = {"xgb": ("xgb", {}), "xgb 2 rounds": ("xgb", {"rounds": 2, "min_data": 1}), "none": ("none", {})}
+    result = evaluate(dataset, parts, entries, seed=0)
+    assert list(result["models"]) == list(entries)
+    assert len(extracted) == len(set(extracted)) == len({r.program_key for r in dataset.rows}), "each one once"
+    alone = evaluate(dataset, parts, ["xgb"], seed=0)["models"]["xgb"]
+    assert {k: v for k, v in alone.items() if k not in ("train_s", "predict_programs_per_s")} == \
+        {k: v for k, v in result["models"]["xgb"].items() if k not in ("train_s", "predict_programs_per_s")}
+    assert result["models"]["xgb 2 rounds"]["spearman"] != result["models"]["xgb"]["spearman"]
+
+
 def test_costmodel_train_stopped_says_xgb_starts_over(tmp_path, monkeypatch, capsys):
     """xgb keeps no training state, so Ctrl-C during `costmodel train` says the same command starts over (not
     that it resumes), exit 130, and leaves no weights file."""
