@@ -126,7 +126,8 @@ class Tuner:
                 state = scheduler.next()
                 if state is None:
                     break
-                records = self._round(state, min(round_size, budget - measured), already + measured, run_id)
+                size = min(scheduler.round_size(state, round_size), budget - measured)
+                records = self._round(state, size, already + measured, run_id)
                 if not records:
                     continue
                 measured += len(records)
