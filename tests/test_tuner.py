@@ -9,7 +9,7 @@ from tunecore.builtin.none_model import NoneModel
 from tunecore.builtin.random_search import RandomSearch
 from tunecore.schedulers import (
     UNMEASURED,
-    EvenWarmupGradientScheduler,
+    FlopsWarmupGradientScheduler,
     GradientScheduler,
     RoundRobinScheduler,
     TaskState,
@@ -175,13 +175,12 @@ def test_gradient_scheduler_warms_up_then_follows_the_largest_gain(matmul_task):
     assert GradientScheduler(states, eps=0.0, alpha=0.9).next().task.name == "b"
 
 
-@pytest.mark.parametrize("scheduler, first_rounds", [("gradient", {"a": 4, "b": 4, "c": 3, "tiny": 1, "reshape": 1}),
-                                                      ("gradient-even-warmup", dict.fromkeys("abc", 4) | {"tiny": 4,
-                                                                                                        "reshape": 4})])
+@pytest.mark.parametrize("scheduler, first_rounds",
+                         [("gradient-flops-warmup", {"a": 4, "b": 4, "c": 3, "tiny": 1, "reshape": 1}),
+                          ("gradient", dict.fromkeys(["a", "b", "c", "tiny", "reshape"], 4))])
 def test_a_tasks_first_round_shrinks_with_its_share_of_the_work(matmul_task, target, scheduler, first_rounds):
-    """100 trials over resnet-18's 22 tasks would spend 28 on its 7 tasks of under 1% of the FLOPs; the gradient
-    spends them where the latency is. A task's first round is the round size times the tasks times its share of
-    weight x FLOPs, at least 1 and at most the round size."""
+    """gradient-flops-warmup: a task's first round is the round size times the tasks times its share of weight x
+    FLOPs, at least 1 and at most the round size; Ansor's (gradient) gives every task the round size."""
     tasks = [_task(matmul_task, "a", weight=2, flops=1e9), _task(matmul_task, "b", flops=1e9),
              _task(matmul_task, "c", flops=0.5e9), _task(matmul_task, "tiny", flops=1e6),
              _task(matmul_task, "reshape", flops=0)]
@@ -198,14 +197,14 @@ def test_a_tasks_first_round_shrinks_with_its_share_of_the_work(matmul_task, tar
 
 def test_a_lone_task_or_a_network_without_flops_warms_up_with_the_round_size(matmul_task):
     lone = _states(matmul_task, [("a", 1, UNMEASURED, 0)])
-    assert GradientScheduler(lone).round_size(lone[0], 8) == 8
+    assert FlopsWarmupGradientScheduler(lone).round_size(lone[0], 8) == 8
     flopless = [TaskState(_task(matmul_task, name, flops=0)) for name in "ab"]
-    assert [GradientScheduler(flopless).round_size(s, 8) for s in flopless] == [8, 8]
-    assert EvenWarmupGradientScheduler(flopless).round_size(flopless[0], 8) == 8
+    assert [FlopsWarmupGradientScheduler(flopless).round_size(s, 8) for s in flopless] == [8, 8]
     tiny = [TaskState(_task(matmul_task, "big", flops=1e9)), TaskState(_task(matmul_task, "tiny", flops=1))]
-    assert GradientScheduler(tiny).round_size(tiny[1], 8) == 1
-    tiny[1].rounds = 1  # later rounds: the run's round size, whatever the share
+    assert FlopsWarmupGradientScheduler(tiny).round_size(tiny[1], 8) == 1
     assert GradientScheduler(tiny).round_size(tiny[1], 8) == 8
+    tiny[1].rounds = 1  # later rounds: the run's round size, whatever the share
+    assert FlopsWarmupGradientScheduler(tiny).round_size(tiny[1], 8) == 8
 
 
 def test_gradient_scheduler_uses_faster_peers_of_the_same_kernel_class(matmul_task):

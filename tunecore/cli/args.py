@@ -43,8 +43,8 @@ def add_tuning(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--measurer", default="local", help="measurer (default: local; see `tunecore plugins`)")
     p.add_argument("--scheduler", choices=sorted(SCHEDULERS), default="gradient",
-                   help="how trials are spread over a network's tasks (default: gradient, Ansor's, with first rounds "
-                        "sized by each task's share of the FLOPs; gradient-even-warmup: Ansor's as published)")
+                   help="how trials are spread over a network's tasks (default: gradient, as in Ansor; "
+                        "gradient-flops-warmup: first rounds sized by each task's share of the FLOPs)")
     p.add_argument("--option", "-O", action="append", metavar="ROLE.KEY=VALUE",
                    help="component option: ROLE.KEY=VALUE for whichever component fills the role, or NAME.KEY=VALUE "
                         "for the component NAME only, e.g. -O measurer.repeat=5 -O ansor.population=128")
