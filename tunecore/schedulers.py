@@ -104,14 +104,10 @@ class GradientScheduler(RoundRobinScheduler):
 
     name = "gradient"
 
-    flops_warmup = False
-
     def __init__(self, states: list[TaskState], seed: int = 0, alpha: float = 0.2, beta: float = 2.0,
                  backward_window: int = 3, eps: float = 0.05):
         super().__init__(states)
         self.alpha, self.beta, self.window, self.eps = alpha, beta, backward_window, eps
-        work = sum(s.task.weight * s.task.flops for s in states)
-        self.work_share = {id(s): s.task.weight * s.task.flops / work if work > 0 else 1.0 for s in states}
         self.rng = np.random.default_rng(seed)
         self.parts = network_parts(states)
         self.alternatives = {id(s) for part in self.parts if len(part) > 1 for side in part for s in side}
@@ -130,13 +126,6 @@ class GradientScheduler(RoundRobinScheduler):
         if max(gradients) == min(gradients):
             return alive[int(self.rng.integers(len(alive)))]
         return alive[int(np.argmin(gradients))]
-
-    def round_size(self, state: TaskState, size: int) -> int:
-        """A first round of ``size`` for a task of an even share of the work (or more), down to 1 for none."""
-        if state.rounds or not self.flops_warmup:
-            return size
-        even = size * len(self.states) * self.work_share[id(state)]
-        return max(1, min(size, math.ceil(even)))
 
     def _step(self, s: TaskState) -> float:
         """The expected change of the task's best latency in its next round (<= 0)."""
@@ -167,7 +156,17 @@ class FlopsWarmupGradientScheduler(GradientScheduler):
     """
 
     name = "gradient-flops-warmup"
-    flops_warmup = True
+
+    def __init__(self, states: list[TaskState], seed: int = 0, **kwargs: float):
+        super().__init__(states, seed, **kwargs)
+        work = sum(s.task.weight * s.task.flops for s in states)
+        self.work_share = {id(s): s.task.weight * s.task.flops / work if work > 0 else 1.0 for s in states}
+
+    def round_size(self, state: TaskState, size: int) -> int:
+        """A first round of ``size`` for a task of an even share of the work (or more), down to 1 for none."""
+        if state.rounds:
+            return size
+        return max(1, min(size, math.ceil(size * len(self.states) * self.work_share[id(state)])))
 
 
 SCHEDULERS = {cls.name: cls for cls in (GradientScheduler, FlopsWarmupGradientScheduler, RoundRobinScheduler)}
