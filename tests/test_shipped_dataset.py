@@ -117,3 +117,29 @@ def test_the_gpu_dataset_is_checked_h100_programs_with_ncu_profiles():
     assert all(f"ncu.{m}" in r.profile for r in profiled for m in STUDY_METRICS if not m.startswith("device__"))
     bert = {dataset.tasks[r.task_key].name for r in profiled}
     assert all("matmul" in name for name in bert)
+
+
+TLM_HELD_OUT = os.path.join(os.path.dirname(SHIPPED), "tlm-programs-heldout.parquet")
+TLM_TRAIN = os.path.join(os.path.dirname(SHIPPED), "tlm-programs-train.parquet")
+
+
+def test_tlms_programs_are_measured_by_the_protocol_and_keep_the_held_out_networks_apart():
+    """datasets/tlm-programs-*.parquet (bench/results/tlm_ranker.md): programs the shipped tlm weights wrote, timed
+    by the label protocol on a device of dataset v2; the held-out file has every conv/dense/matmul task of the
+    held-out networks and nothing else, the training file comes from the other workloads."""
+    from tunecore.dataset import protocol
+
+    v2 = Dataset.load(V2)
+    held_keys = {key for key, task in v2.tasks.items() if set(task.workloads) & set(HELD_OUT)}
+    held, train = Dataset.load(TLM_HELD_OUT), Dataset.load(TLM_TRAIN)
+    for dataset in (held, train):
+        ran = [r for r in dataset.rows if r.latency is not None]
+        assert len(ran) >= 1900 and all(len(r.run_secs) >= protocol.MIN_REPEATS for r in ran)
+        assert {r.collected_by for r in dataset.rows} == {"tlm"}
+        assert set(dataset.devices) <= set(v2.devices)
+    assert {r.task_key for r in held.rows} <= held_keys
+    heavy = {key for key in held_keys if any(op in v2.tasks[key].kernel_class for op in ("conv", "dense", "matmul"))}
+    assert heavy <= {r.task_key for r in held.rows}
+    # collected from the training workloads; a kernel one of them shares with a held-out network is left out of
+    # training by the split (`--split workload:...`), as in dataset v2
+    assert train.workloads() and not train.workloads() & set(HELD_OUT)
