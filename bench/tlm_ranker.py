@@ -66,7 +66,7 @@ def main() -> None:
     models = {}
     for label, path in rankers.items():  # a missing or damaged file fails here, before any work
         try:
-            models[label] = experiments_xgb(args.seed, path)
+            models[label] = xgb_from_file(args.seed, path)
         except UsageError as error:
             parser.error(f"--ranker {label}={path}: {error}")
 
@@ -122,7 +122,7 @@ def main() -> None:
     write_results(args.out, args.name, report, markdown(report))
 
 
-def experiments_xgb(seed: int, weights: str):
+def xgb_from_file(seed: int, weights: str):
     """xgb as a run starts from ``-O xgb.weights=FILE``."""
     from tunecore.api import _construct
     from tunecore.registry import Registry
