@@ -27,8 +27,9 @@ Writes bench/results/<name>.json and .md.
 
 from __future__ import annotations
 
-import collections
+import dataclasses
 import statistics
+from typing import Any
 
 import numpy as np
 
@@ -117,7 +118,7 @@ def main() -> None:
                                "tasks": len({r.task_key for r in held_tlm})},
               "rankers": rankers,
               "held_out": args.held_out, "group_size": args.group_size,
-              "programs": program_quality(dataset, tlm, held_tlm, device, args.held_out.split(",")),
+              "programs": program_quality(dataset, pools, args.held_out.split(",")),
               "ranking": ranking, "first_round": first_round}
     write_results(args.out, args.name, report, markdown(report))
 
@@ -130,57 +131,64 @@ def xgb_from_file(seed: int, weights: str):
     return _construct(Registry.shared(), "cost_model", "xgb", seed=seed, weights=weights)
 
 
-def first_round_pools(dataset: Dataset, tlm_groups: list, device: str) -> list:
-    """Per held-out task with both: (task, its calls per workload, its tlm programs, the dataset's uniform samples of
-    it on ``device``, the latencies of each, the fastest program the dataset holds)."""
+@dataclasses.dataclass
+class Pool:
+    """A held-out task's measured programs on the device: tlm's and the dataset's uniform samples."""
+
+    task: Any
+    calls: dict[str, int]  # calls per inference of each workload
+    tlm: list  # candidates
+    uniform: list
+    tlm_latency: np.ndarray
+    uniform_latency: np.ndarray
+    best: float  # the fastest program the dataset holds
+
+
+def first_round_pools(dataset: Dataset, tlm_groups: list, device: str) -> list[Pool]:
+    """A ``Pool`` per held-out task with both tlm programs and uniform samples."""
     pools = []
     for task, candidates, results, _ in tlm_groups:
         rows = [r for r in dataset.rows_of(task.workload_hash, device) if r.latency is not None]
         random = [r for r in rows if r.collected_by == "random"]
         if not random:
             continue
-        uniform = measured_groups(dataset, random)[0]
-        pools.append((task, dataset.tasks[task.workload_hash].workloads, candidates, uniform[1],
-                      np.array([r.latency for r in results]), np.array([r.latency for r in random]),
-                      min(r.latency for r in rows)))
+        pools.append(Pool(task, dataset.tasks[task.workload_hash].workloads, candidates,
+                          measured_groups(dataset, random)[0][1], np.array([r.latency for r in results]),
+                          np.array([r.latency for r in random]), min(r.latency for r in rows)))
     return pools
 
 
-def simulate_first_round(model, pools: list, workloads: list[str], size: int, seed: int) -> dict:
+def simulate_first_round(model, pools: list[Pool], workloads: list[str], size: int, seed: int) -> dict:
     """What a run's first round measures per task with ``-O search.explore=E``: ``size`` candidates, E of them
     uniform samples and the rest tlm's, and the ranker's pick among them (``oversample`` = ``size``, one measured),
     over ``POOL_DRAWS`` draws of the candidates from the measured ones. Per workload and E: the calls-weighted sum of
     the picked programs' mean latency over that of the task's fastest program in the dataset, and the same with the
     fastest of each pool picked (a perfect ranker)."""
     rng = np.random.default_rng(seed)
-    scored = []
-    for task, calls, tlm_candidates, uniform_candidates, tlm_latency, uniform_latency, best in pools:
-        scores = np.asarray(model.predict(task, list(tlm_candidates) + list(uniform_candidates)), dtype=float)
-        scored.append((calls, scores[:len(tlm_latency)], scores[len(tlm_latency):], tlm_latency, uniform_latency,
-                       best))
+    scores = [np.asarray(model.predict(pool.task, pool.tlm + pool.uniform), dtype=float) for pool in pools]
     out: dict[str, dict] = {}
     for workload in workloads:
         rows = {}
         for share in EXPLORE_SHARES:
             sums = {"picked": 0.0, "pool_best": 0.0, "dataset_best": 0.0}
             tasks = 0
-            for calls_of, tlm_scores, uniform_scores, tlm_latency, uniform_latency, best in scored:
-                calls = calls_of.get(workload, 0)
+            for pool, score_of in zip(pools, scores):
+                calls, n_tlm = pool.calls.get(workload, 0), len(pool.tlm)
                 n_uniform = round(size * share)
-                if not calls or size - n_uniform > len(tlm_latency) or n_uniform > len(uniform_latency):
+                if not calls or size - n_uniform > n_tlm or n_uniform > len(pool.uniform):
                     continue
                 tasks += 1
                 picked, pool_best = [], []
                 for _ in range(POOL_DRAWS):
-                    a = rng.choice(len(tlm_latency), size - n_uniform, replace=False)
-                    b = rng.choice(len(uniform_latency), n_uniform, replace=False)
-                    latency = np.concatenate([tlm_latency[a], uniform_latency[b]])
-                    score = np.concatenate([tlm_scores[a], uniform_scores[b]]) + rng.random(size) * 1e-12
+                    a = rng.choice(n_tlm, size - n_uniform, replace=False)
+                    b = rng.choice(len(pool.uniform), n_uniform, replace=False)
+                    latency = np.concatenate([pool.tlm_latency[a], pool.uniform_latency[b]])
+                    score = np.concatenate([score_of[a], score_of[n_tlm + b]]) + rng.random(size) * 1e-12
                     picked.append(latency[np.argmax(score)])
                     pool_best.append(latency.min())
                 sums["picked"] += calls * float(np.mean(picked))
                 sums["pool_best"] += calls * float(np.mean(pool_best))
-                sums["dataset_best"] += calls * best
+                sums["dataset_best"] += calls * pool.best
             rows[f"{share:g}"] = {"tasks": tasks, "picked_over_best": round(sums["picked"] / sums["dataset_best"], 4),
                                   "pool_best_over_best": round(sums["pool_best"] / sums["dataset_best"], 4)}
         out[workload] = rows
@@ -197,40 +205,27 @@ def random_pick(groups: list, weights: list[float], seed: int) -> dict:
             for k in draws[0]}
 
 
-def program_quality(dataset: Dataset, tlm: Dataset, held_tlm: list, device: str, workloads: list[str]) -> dict:
-    """Per held-out workload: calls-weighted sums over its tasks of the fastest tlm program and of the fastest
-    program the dataset holds on ``device`` (all of them, and its random samples alone), and the median ratio of
-    the task's median tlm program to its median random one."""
-    by_task: dict[str, list[float]] = collections.defaultdict(list)
-    for r in held_tlm:
-        if r.latency is not None:
-            by_task[r.task_key].append(r.latency)
+def program_quality(dataset: Dataset, pools: list[Pool], workloads: list[str]) -> dict:
+    """Per held-out workload: calls-weighted sums over its tasks (those with a ``Pool``) of the fastest tlm program,
+    of the fastest program the dataset holds and of its fastest uniform sample, and the median over tasks of the
+    task's median tlm program over its median uniform sample."""
     out = {}
     for workload in workloads:
-        sums = {"tlm": 0.0, "dataset": 0.0, "random": 0.0}
-        medians, tasks, missing = [], 0, []
-        for key, task in dataset.tasks.items():
-            calls = task.workloads.get(workload, 0)
-            if not calls:
-                continue
-            rows = [r for r in dataset.rows_of(key, device) if r.latency is not None]
-            random = [r.latency for r in rows if r.collected_by == "random"]
-            if not by_task.get(key) or not random:
-                missing.append(task.name)
-                continue
-            tasks += 1
-            sums["tlm"] += calls * min(by_task[key])
-            sums["dataset"] += calls * min(r.latency for r in rows)
-            sums["random"] += calls * min(random)
-            medians.append(statistics.median(by_task[key]) / statistics.median(random))
+        mine = [pool for pool in pools if pool.calls.get(workload)]
+        sums = {"tlm": sum(p.calls[workload] * p.tlm_latency.min() for p in mine),
+                "dataset": sum(p.calls[workload] * p.best for p in mine),
+                "random": sum(p.calls[workload] * p.uniform_latency.min() for p in mine)}
+        pooled = {p.task.workload_hash for p in mine}
         out[workload] = {
-            "tasks": tasks, "missing": missing,
-            "tlm_programs_per_task": round(float(np.median([len(by_task[k]) for k in by_task
-                                                            if workload in tlm.tasks[k].workloads] or [0])), 1),
+            "tasks": len(mine),
+            "missing": [t.name for key, t in dataset.tasks.items() if t.workloads.get(workload) and key not in pooled],
+            "tlm_programs_per_task": round(float(np.median([len(p.tlm) for p in mine] or [0])), 1),
             "best_ms": {k: round(v * 1e3, 4) for k, v in sums.items()},
             "best_tlm_over_dataset": round(sums["tlm"] / sums["dataset"], 4) if sums["dataset"] else None,
             "best_tlm_over_random": round(sums["tlm"] / sums["random"], 4) if sums["random"] else None,
-            "median_tlm_over_random": round(float(np.median(medians)), 4) if medians else None,
+            "median_tlm_over_random": round(float(np.median([statistics.median(p.tlm_latency)
+                                                              / statistics.median(p.uniform_latency)
+                                                              for p in mine])), 4) if mine else None,
         }
     return out
 
