@@ -71,8 +71,10 @@ def main() -> None:
         except UsageError as error:
             parser.error(f"--ranker {label}={path}: {error}")
 
-    dataset = Dataset.load(args.dataset)
-    tlm = Dataset.load(args.tlm_programs)
+    try:
+        dataset, tlm = Dataset.load(args.dataset), Dataset.load(args.tlm_programs)
+    except UsageError as error:
+        parser.error(str(error))
     devices = sorted({r.device_id for r in tlm.rows if r.latency is not None})
     if len(devices) != 1 or devices[0] not in dataset.devices:
         parser.error(f"--tlm-programs {args.tlm_programs}: expected the measured programs of one device the dataset "
