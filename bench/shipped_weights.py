@@ -1,7 +1,8 @@
 """What the shipped weights of cdmpp and tlm know about networks they never saw, against untrained models and
 the simplest baselines.
 
-    python bench/shipped_weights.py [--dataset datasets/cpu-programs-v2.parquet]
+    python bench/shipped_weights.py [--dataset datasets/cpu-programs-v2.parquet] [--only cdmpp|tlm]
+                                    [--tlm-weights LABEL=FILE ...] [--name shipped_weights]
 
 Both weights files record what they were trained on and which networks were held out (cdmpp: ``split``, tlm:
 ``exclude``); everything here is measured on the held-out side of the shipped dataset, on every device (cdmpp:
@@ -16,22 +17,26 @@ Both weights files record what they were trained on and which networks were held
 - **tlm**: on the fastest measured program of every held-out (task, device), the teacher-forced loss per
   decision token over the whole vocabulary (``model.mean_loss``) and over the tokens the decoder allows at that
   step (``model.choice_loss``), beside choosing uniformly among those tokens, for tlm-cpu.pt, tlm-base.pt and
-  an untrained model of the same size; and on every measured program of the held-out networks on the primary
-  device, by (task, sketch): whether the decoder gives the faster programs more probability (Spearman), and how
-  fast the program it finds most likely is, beside a random pick (``speed_agreement``).
+  an untrained model of the same size (and any ``--tlm-weights`` held out alike), also per kind of decision
+  (a reduction's split, a spatial loop's, a categorical, a compute location); and on every measured program of
+  the held-out networks on the primary device, by (task, sketch): whether the decoder gives the faster programs
+  more probability (Spearman), and how fast the program it finds most likely is, beside a random pick
+  (``speed_agreement``).
 
-Writes bench/results/shipped_weights.{json,md}. The plugins' tests assert the same comparisons on a slice.
+Writes bench/results/<name>.{json,md}. The plugins' tests assert the same comparisons on a slice.
 """
 
 from __future__ import annotations
 
 import collections
+import os
 import time
 
 import numpy as np
 
 from tunecore import experiments
 from tunecore.experiments import command_line, environment, write_results
+from tunecore.interfaces import UsageError
 
 CDMPP_COLUMNS = ("spearman", "pairwise_accuracy", "top1_score", "top5_score", "mape")
 
@@ -79,17 +84,21 @@ def cdmpp_rows(dataset, seed: int) -> dict:
             "devices": devices}
 
 
-def tlm_rows(dataset) -> dict:
+def tlm_rows(dataset, more: dict[str, str]) -> dict:
+    """``more``: {label: weights file} of other models held out alike, scored beside the shipped ones."""
     from tunecore_tlm_generator import model as lm
     from tunecore_tlm_generator.search import SHIPPED, SHIPPED_BASE
     from tunecore_tlm_generator.training import Sketches, best_programs, task_targets
 
     _, vocab, metadata = lm.load(SHIPPED)
     excluded = set(lm.held_out_workloads(metadata))
+    for label, path in more.items():
+        if set(lm.held_out_workloads(lm.load(path)[2])) != excluded:
+            raise UsageError(f"--tlm-weights {label}={path}: trained without other workloads than the shipped "
+                             f"weights ({', '.join(sorted(excluded))})")
     pairs = [(task, target) for task, target in task_targets(dataset) if excluded & set(task.workloads)]
     sketches = Sketches()
     programs = [(p, d) for p, d, _ in best_programs(dataset, sketches, pairs, top=1)]
-    examples = [e for p, d in programs if (e := lm.encode_example(p, d, vocab))]
     # every measured program of the primary device, by sketch: does the model give the faster ones more probability?
     primary = collections.Counter(r.device_id for r in dataset.rows).most_common(1)[0][0]
     by_sketch = collections.defaultdict(list)
@@ -98,19 +107,61 @@ def tlm_rows(dataset) -> dict:
     groups = [members for members in by_sketch.values() if len(members) >= SKETCH_GROUP]
     sizes = {k: metadata["config"][k] for k in ("n_layer", "n_head", "n_embd", "context")}
     rows = {}
-    models = {"tlm-cpu.pt (shipped)": lm.load(SHIPPED)[0], "tlm-base.pt (shipped)": lm.load(SHIPPED_BASE)[0],
-              "untrained": lm.new_model(vocab, 0, **sizes)}
-    for name, model in models.items():
-        choice = lm.choice_loss(model, vocab, programs)
+    models = {"tlm-cpu.pt (shipped)": lm.load(SHIPPED)[:2], "tlm-base.pt (shipped)": lm.load(SHIPPED_BASE)[:2],
+              "untrained": (lm.new_model(vocab, 0, **sizes), vocab),
+              **{f"{label} ({vocab_of.tile_order})": (model, vocab_of)
+                 for label, path in more.items() for model, vocab_of, _ in [lm.load(path)]}}
+    for name, (model, vocab_of) in models.items():
+        examples = [e for p, d in programs if (e := lm.encode_example(p, d, vocab_of))]
+        choice = lm.choice_loss(model, vocab_of, programs)
         rows[name] = {"loss": round(lm.mean_loss(model, examples), 4), "choice_loss": round(choice["loss"], 4),
                       "uniform_choice_loss": round(choice["uniform_loss"], 4), "programs": choice["programs"],
-                      **speed_agreement(model, vocab, groups)}
+                      "per_decision": decision_losses(model, vocab_of, programs),
+                      **speed_agreement(model, vocab_of, groups)}
     return {"exclude": sorted(excluded), "pairs": len(pairs), "rows": rows, "primary_device": primary,
             "sketch_groups": len(groups), "random_pick": round(float(np.exp(np.mean(
                 [np.mean(np.log([r for *_, r in members])) for members in groups]))), 3)}
 
 
 SKETCH_GROUP = 16  # measured programs a (task, sketch) needs to be ranked
+
+
+def decision_kind(slot) -> str:
+    if slot.kind == "SamplePerfectTile":
+        return f"tile of {slot.n}"
+    return {"SampleCategorical": "categorical", "SampleComputeLocation": "compute location"}[slot.kind]
+
+
+def decision_losses(model, vocab, programs: list) -> dict:
+    """Per kind of decision, the choice loss per decision (nats: its tokens' together, as the decoder samples them)
+    beside choosing uniformly among the legal tokens at each step: where on networks it never saw the model is
+    worse than knowing only what is legal."""
+    import torch
+    from tunecore_tlm_generator import model as lm
+    from tunecore_tlm_generator.sentences import SEP
+
+    totals = collections.defaultdict(lambda: [0.0, 0.0, set()])  # kind: [model nats, uniform nats, decisions]
+    for n, (prompt, decisions) in enumerate(programs):
+        example = lm.encode_example(prompt, decisions, vocab)
+        if example is None or len(example[0]) > model.config.context:
+            continue
+        ids = example[0]
+        with torch.no_grad():
+            log_p = torch.log_softmax(model(torch.tensor([ids[:-1]]))[0][0], dim=-1)
+        steps = lm.completion_steps(prompt, vocab)
+        allowed, slot = next(steps)
+        for position in range(ids.index(SEP) + 1, len(ids)):
+            if len(allowed) > 1:
+                row = totals[decision_kind(prompt.slots[slot])]
+                row[0] -= float(log_p[position - 1, ids[position]] - torch.logsumexp(log_p[position - 1, allowed], 0))
+                row[1] += float(np.log(len(allowed)))
+                row[2].add((n, slot))
+            try:
+                allowed, slot = steps.send(ids[position])
+            except StopIteration:
+                break
+    return {kind: {"decisions": len(seen), "loss": round(nats / len(seen), 4), "uniform": round(uniform / len(seen), 4)}
+            for kind, (nats, uniform, seen) in sorted(totals.items())}
 
 
 def speed_agreement(model, vocab, groups: list) -> dict:
@@ -141,22 +192,41 @@ def main() -> None:
     parser = experiments.script_parser(__doc__, __file__)
     parser.add_argument("--dataset", default="datasets/cpu-programs-v2.parquet")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tlm-weights", action="append", default=[], metavar="LABEL=FILE",
+                        help="another tlm weights file held out alike, scored beside the shipped ones (repeatable)")
+    parser.add_argument("--only", choices=("cdmpp", "tlm"), help="one of the two parts")
+    parser.add_argument("--name", default="shipped_weights")
     args = parser.parse_args()
+    more = dict(w.partition("=")[::2] for w in args.tlm_weights)
+    for label, path in more.items():
+        if not label or not os.path.isfile(path):
+            parser.error(f"--tlm-weights {label}={path}: expected LABEL=FILE of an existing weights file")
     from tunecore.dataset.table import Dataset
 
     dataset = Dataset.load(args.dataset)
+    try:
+        tlm = tlm_rows(dataset, more) if args.only != "cdmpp" else None
+    except UsageError as error:
+        parser.exit(2, f"{error}\n")
     report = {"command": command_line("shipped_weights.py"), "environment": environment(), "dataset": args.dataset,
-              "cdmpp": cdmpp_rows(dataset, args.seed), "tlm": tlm_rows(dataset)}
-    write_results(args.out, "shipped_weights", report, markdown(report))
+              "cdmpp": cdmpp_rows(dataset, args.seed) if args.only != "tlm" else None, "tlm": tlm}
+    write_results(args.out, args.name, report, markdown(report))
 
 
 def markdown(report: dict) -> str:
+    lines = ["# The shipped weights on networks they never saw", "",
+             f"{experiments.environment_line(report)} Dataset `{report['dataset']}`."]
+    if report["cdmpp"]:
+        lines += cdmpp_markdown(report["cdmpp"])
+    if report["tlm"]:
+        lines += tlm_markdown(report["tlm"])
+    return "\n".join(lines + [""])
+
+
+def cdmpp_markdown(cdmpp: dict) -> list[str]:
     from tunecore.cli.render import cell
 
-    cdmpp, tlm = report["cdmpp"], report["tlm"]
-    lines = ["# The shipped weights on networks they never saw", "",
-             f"{experiments.environment_line(report)} Dataset `{report['dataset']}`.", "",
-             f"## cdmpp-cpu.pt: held out `{cdmpp['split']}`", "",
+    lines = ["", f"## cdmpp-cpu.pt: held out `{cdmpp['split']}`", "",
              f"Trained on {cdmpp['trained_on']['programs']} programs of the devices "
              f"{', '.join(cdmpp['trained_on']['devices'])} ({cdmpp['trained_on']['epochs']} epochs, timings within "
              f"{cdmpp['trained_on']['max_spread'] or 'any spread'}); tested on the held-out networks' programs of "
@@ -169,15 +239,29 @@ def markdown(report: dict) -> str:
                   "|---|" + "---:|" * len(CDMPP_COLUMNS)]
         for name, row in part["rows"].items():
             lines.append(f"| {name} | " + " | ".join(cell(row.get(c)) for c in CDMPP_COLUMNS) + " |")
-    lines += ["", f"## tlm: held out {', '.join(tlm['exclude'])}", "",
-              f"The fastest measured program of each of {tlm['pairs']} held-out (task, target) pairs; loss per "
-              "decision token (nats), lower is better. `loss`: over the whole vocabulary (teacher-forced); `choice "
-              "loss`: over the tokens the decoder allows at each step, as it samples; `uniform`: choosing uniformly "
-              "among those tokens.", "",
-              "| model | programs | loss | choice loss | uniform |", "|---|---:|---:|---:|---:|"]
+    return lines
+
+
+def tlm_markdown(tlm: dict) -> list[str]:
+    lines = ["", f"## tlm: held out {', '.join(tlm['exclude'])}", "",
+             f"The fastest measured program of each of {tlm['pairs']} held-out (task, target) pairs; loss per "
+             "decision token (nats), lower is better. `loss`: over the whole vocabulary (teacher-forced); `choice "
+             "loss`: over the tokens the decoder allows at each step, as it samples; `uniform`: choosing uniformly "
+             "among those tokens. In parentheses: the tile order the model writes factors in.", "",
+             "| model | programs | loss | choice loss | uniform |", "|---|---:|---:|---:|---:|"]
     for name, row in tlm["rows"].items():
         lines.append(f"| {name} | {row['programs']} | {row['loss']:.3f} | {row['choice_loss']:.3f} "
                      f"| {row['uniform_choice_loss']:.3f} |")
+    kinds = sorted({kind for row in tlm["rows"].values() for kind in row.get("per_decision", {})})
+    if kinds:
+        lines += ["", "The same programs, per kind of decision: choice loss per decision (nats, its tokens together), "
+                  "in parentheses choosing uniformly among the legal tokens at each step (which depends on the order "
+                  "the factors are written in). `tile of 2`: a reduction loop's split; `tile of 4`: a spatial "
+                  "loop's.", "", "| model | " + " | ".join(kinds) + " |", "|---|" + "---:|" * len(kinds)]
+        for name, row in tlm["rows"].items():
+            cells = [(f"{d['loss']:.3f} ({d['uniform']:.3f})" if (d := row["per_decision"].get(kind)) else "-")
+                     for kind in kinds]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
     uniform = next(iter(tlm["rows"].values()))
     lines += ["", f"Every measured program of the held-out networks on `{tlm['primary_device']}`, in "
               f"{tlm['sketch_groups']} (task, sketch) groups of >= {SKETCH_GROUP}: does the decoder give the faster "
@@ -191,8 +275,7 @@ def markdown(report: dict) -> str:
         lines.append(f"| {name} | {row['groups']} | {row['spearman_speed']:.3f} | {row['most_likely_latency']:.2f} |")
     lines.append(f"| choosing uniformly among legal tokens | {uniform['groups']} "
                  f"| {uniform['uniform_spearman_speed']:.3f} | {uniform['uniform_most_likely_latency']:.2f} |")
-    lines.append("")
-    return "\n".join(lines)
+    return lines
 
 
 if __name__ == "__main__":

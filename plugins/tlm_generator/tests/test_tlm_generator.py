@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tunecore_tlm_generator import model as lm
-from tunecore_tlm_generator.sentences import MAX_NUMBER, UNK, Slot, Vocabulary
+from tunecore_tlm_generator.sentences import MAX_NUMBER, TILE_ORDERS, UNK, Slot, Vocabulary
 from tunecore_tlm_generator.sketches import apply_decisions, realize, sampled_decisions, trace_decisions
 from tunecore_tlm_generator.training import Sketches, task_targets
 
@@ -67,9 +67,11 @@ def _decode(prompt, vocab, completion_ids):
     raise AssertionError("the completion did not end")
 
 
-def test_sentences_round_trip_on_real_tasks(shipped, sketches, diverse):
-    """trace -> tokens -> decisions -> program gives the program the trace was, for random and measured programs."""
-    vocab, checked, measured_checked = Vocabulary(), 0, 0
+@pytest.mark.parametrize("tile_order", TILE_ORDERS)
+def test_sentences_round_trip_on_real_tasks(shipped, sketches, diverse, tile_order):
+    """trace -> tokens -> decisions -> program gives the program the trace was, for random and measured programs,
+    whichever order the tiles' factors are written in."""
+    vocab, checked, measured_checked = Vocabulary(tile_order=tile_order), 0, 0
     for task, target in diverse:
         space, prompts, _ = sketches.of(task, target)
         for prompt in prompts:
@@ -111,20 +113,23 @@ def test_sentences_are_compact(sketches, diverse):
     assert max(lengths) <= lm.Config(vocab_size=1).context
 
 
-@given(st.integers(1, 5000), st.integers(1, 5), st.sampled_from([0, 16, 64]), st.randoms(use_true_random=False))
+@given(st.integers(1, 5000), st.integers(1, 5), st.sampled_from([0, 16, 64]), st.booleans(),
+       st.randoms(use_true_random=False))
 @settings(max_examples=300, deadline=None)
-def test_every_path_through_a_tile_slot_is_a_perfect_tiling(extent, n, max_innermost, random):
+def test_every_path_through_a_tile_slot_is_a_perfect_tiling(extent, n, max_innermost, inner_first, random):
     slot = Slot("SamplePerfectTile", extent=extent, n=n, max_innermost=max_innermost)
     if n == 1 and 0 < max_innermost < extent:
         return  # no such sketch: MetaSchedule splits a loop in one only without a limit
     values: list[int] = []
     for _ in range(n):
-        choices = slot.choices(values)
+        choices = slot.choices(values, inner_first)
         assert choices, (extent, n, max_innermost, values)
         values.append(random.choice(choices))
-    assert math.prod(values) == extent
-    assert max_innermost <= 0 or values[-1] <= max_innermost
-    assert slot.is_valid(values)
+    decision = slot.to_decision(values, inner_first)
+    assert math.prod(decision) == extent
+    assert max_innermost <= 0 or decision[-1] <= max_innermost
+    assert slot.is_valid(decision)
+    assert slot.from_decision(decision, inner_first) == values
 
 
 @given(st.integers(-2, MAX_NUMBER))
@@ -221,7 +226,8 @@ def test_pretrain_lowers_the_loss_and_finetune_learns_the_best(bert_tiny, tmp_pa
     base, tuned = str(tmp_path / "base.pt"), str(tmp_path / "tuned.pt")
     avx2 = '{"kind": "llvm", "mcpu": "znver3", "num-cores": 2}'  # a CPU the slice has no programs of
     out = cli_json(run_cli("tlm", "pretrain", "-d", bert_tiny, "--exclude", "zoo:dcgan", "--per-sketch", "6",
-                           "--target", avx2, "--steps", "40", "--layers", "1", "--width", "64", "-o", base, "--json"))
+                           "--target", avx2, "--steps", "40", "--layers", "1", "--width", "64",
+                           "--tile-order", "inner-first", "-o", base, "--json"))
     assert out["held_out_loss"] < 0.7 * out["held_out_loss_before"]
     assert not os.path.exists(base + ".ckpt") and not os.path.exists(base + ".corpus.npz")
     model, vocab, metadata = lm.load(base)
@@ -236,6 +242,7 @@ def test_pretrain_lowers_the_loss_and_finetune_learns_the_best(bert_tiny, tmp_pa
     assert out["programs"] > 5 and out["loss"] < out["loss_before"]
     blob = torch.load(tuned, weights_only=True)  # what users load: no pickle
     assert json.loads(blob["metadata"])["stage"] == "finetuned"
+    assert metadata["tile_order"] == lm.load(tuned)[1].tile_order == "inner-first"  # fine-tuning writes as it learned
 
 
 def test_pretrain_resumes_from_its_checkpoint(bert_tiny, tmp_path):
@@ -304,6 +311,10 @@ def test_bad_weights_are_one_line_exit_2(tmp_path):
     torch.save({"metadata": json.dumps(meta), "state_dict": blob["state_dict"]}, other)
     result = run_cli("tlm", "finetune", "-d", SHIPPED, "--weights", str(other), "-o", str(tmp_path / "x.pt"))
     assert_one_line_exit_2(result, "another vocabulary")
+    meta["tile_order"] = "sideways"
+    torch.save({"metadata": json.dumps(meta), "state_dict": blob["state_dict"]}, other)
+    result = run_cli("tlm", "finetune", "-d", SHIPPED, "--weights", str(other), "-o", str(tmp_path / "x.pt"))
+    assert_one_line_exit_2(result, "tile order 'sideways': expected one of outer-first, inner-first")
     result = run_cli("tlm", "pretrain", "-d", SHIPPED, "--exclude", "zoo:nothing", "-o", str(tmp_path / "y.pt"))
     assert_one_line_exit_2(result, "no workload zoo:nothing")
     result = run_cli("tlm", "pretrain", "-d", SHIPPED, "--steps", "0", "-o", str(tmp_path / "y.pt"))

@@ -17,6 +17,7 @@ import numpy as np
 
 from tunecore.cli import Parser, add_devices, add_seed, count, duration, names, number, render
 from tunecore.interfaces import UsageError
+from tunecore_tlm_generator.sentences import OUTER_FIRST, TILE_ORDERS
 
 
 def add_commands(register: Any) -> None:
@@ -41,6 +42,10 @@ def add_commands(register: Any) -> None:
     pretrain.add_argument("--per-sketch", type=count(1), default=48, help="random programs per sketch (default 48)")
     pretrain.add_argument("--layers", type=count(1), default=4, help="transformer layers (default 4)")
     pretrain.add_argument("--width", type=count(1), default=128, help="embedding width (default 128)")
+    pretrain.add_argument("--tile-order", choices=TILE_ORDERS, default=OUTER_FIRST,
+                          help="the order a tile's factors are written in, which fine-tuning and runs keep "
+                               "(default outer-first, TVM's; inner-first: the factors that mean the same on every "
+                               "shape first)")
     finetune.add_argument("--weights", default="shipped-base",
                           help="pre-trained model: 'shipped-base' or a weights file from `tlm pretrain`")
     finetune.add_argument("--top", type=count(1), default=1, help="best programs per task and device (TLM: 1)")
@@ -122,7 +127,7 @@ def _pretrain(args: argparse.Namespace) -> int:
     dataset, pairs = _pairs(args, targets)
     started = time.perf_counter()
     settings = {"dataset": os.path.abspath(args.dataset), "exclude": args.exclude, "per_sketch": args.per_sketch,
-                "seed": args.seed, "targets": targets}
+                "seed": args.seed, "targets": targets, "tile_order": args.tile_order}
     corpus_path = args.out + CORPUS
     corpus = load_corpus(corpus_path, settings)
     if corpus is None:
@@ -133,11 +138,12 @@ def _pretrain(args: argparse.Namespace) -> int:
                                        on_task=lambda: display.advance(bar))
         if not programs:
             raise UsageError(f"{args.dataset}: none of its tasks has a sketch TLM can write")
-        vocab = Vocabulary([w for p in {id(p): p for p, _ in programs}.values() for w in p.words if isinstance(w, str)])
+        vocab = Vocabulary([w for p in {id(p): p for p, _ in programs}.values() for w in p.words if isinstance(w, str)],
+                           args.tile_order)
         examples = encode_all(programs, vocab)
         corpus = {"vocabulary": vocab.words, "examples": examples}
         save_corpus(corpus_path, settings, corpus)
-    vocab, examples = Vocabulary(corpus["vocabulary"]), corpus["examples"]
+    vocab, examples = Vocabulary(corpus["vocabulary"], args.tile_order), corpus["examples"]
     rng = np.random.default_rng(args.seed)
     order = rng.permutation(len(examples))
     held = [examples[i] for i in order[: max(1, len(examples) // 20)]]  # 5% to report the loss on

@@ -19,7 +19,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from tunecore.interfaces import UsageError, load_model_torch, save_model_torch
-from tunecore_tlm_generator.sentences import BOS, EOS, PAD, SEP, SketchPrompt, Vocabulary
+from tunecore_tlm_generator.sentences import BOS, EOS, OUTER_FIRST, PAD, SEP, SketchPrompt, Vocabulary
 
 FORMAT_VERSION = 1
 
@@ -99,11 +99,11 @@ def completion_steps(prompt: SketchPrompt, vocab: Vocabulary) -> Generator[tuple
             yield [forced], i
         values: list[int] = []
         for _ in range(slot.numbers):
-            first, second = vocab.number_steps(slot.choices(values))
+            first, second = vocab.number_steps(slot.choices(values, vocab.inner_first))
             token = yield first, i
             ids = [token, (yield second[token], i)] if token in second else [token]
             values.append(vocab.decode_numbers(ids)[0])
-        decisions.append(slot.to_decision(values))
+        decisions.append(slot.to_decision(values, vocab.inner_first))
     yield [EOS], len(prompt.slots)
     return decisions
 
@@ -114,7 +114,7 @@ def _written(prompt: SketchPrompt, decisions: Sequence[Any], vocab: Vocabulary) 
     steps = completion_steps(prompt, vocab)
     allowed, slot = next(steps)
     out = []
-    for token in vocab.encode(prompt.completion_words(decisions)) + [EOS]:
+    for token in vocab.encode(prompt.completion_words(decisions, vocab.inner_first)) + [EOS]:
         if token not in allowed:
             return None
         out.append((token, len(allowed) > 1, slot))
@@ -327,7 +327,7 @@ def generate(model: GPT, vocab: Vocabulary, prompt: SketchPrompt, count: int, te
 def save(path: str, model: GPT, vocab: Vocabulary, info: dict[str, Any]) -> None:
     """Half-precision weights and JSON metadata; loads with ``torch.load(weights_only=True)``."""
     metadata = {"config": dataclasses.asdict(model.config), "vocabulary": vocab.words,
-                "fingerprint": vocab.fingerprint(), **info}
+                "tile_order": vocab.tile_order, "fingerprint": vocab.fingerprint(), **info}
     state = {k: v.detach().to(torch.float16) for k, v in model.state_dict().items()}
     save_model_torch(path, "tlm", FORMAT_VERSION, metadata, state)
 
@@ -335,7 +335,10 @@ def save(path: str, model: GPT, vocab: Vocabulary, info: dict[str, Any]) -> None
 def load(path: str) -> tuple[GPT, Vocabulary, dict[str, Any]]:
     """A model written by ``save``; a UsageError (one line) for anything else."""
     metadata, state_dict = load_model_torch(path, "tlm", FORMAT_VERSION)
-    vocab = Vocabulary(metadata["vocabulary"])
+    try:
+        vocab = Vocabulary(metadata["vocabulary"], metadata.get("tile_order", OUTER_FIRST))
+    except ValueError as error:
+        raise UsageError(f"{path}: {error}") from None
     if vocab.fingerprint() != metadata.get("fingerprint"):
         raise UsageError(f"{path}: weights for another vocabulary (its numbers or markers differ from this plugin's)")
     config = Config(**metadata["config"])

@@ -37,6 +37,10 @@ from tunecore.targets import cpu_lineage
 
 BASE = 1024
 MAX_NUMBER = BASE * BASE - 1
+# A tile's factors, outermost first (TVM's order; the shipped weights') or innermost first: the inner factors (vector
+# width, register tile, the reduction's inner part) mean the same on every shape, the outer ones are what is left of
+# the loop, so written first they condition the rest on the shape instead.
+OUTER_FIRST, INNER_FIRST = TILE_ORDERS = ("outer-first", "inner-first")
 MAX_LOCATION = 64  # loop indices a compute location may name (deeper nests do not occur)
 SPECIALS = ("[PAD]", "[BOS]", "[SEP]", "[EOS]", "[UNK]")
 PAD, BOS, SEP, EOS, UNK = range(len(SPECIALS))
@@ -72,8 +76,9 @@ class Slot:
             return ["CAT", *self.candidates, "CHOOSE"]
         return ["LOC", *(["INLINE"] if self.inline else []), "AT"]
 
-    def choices(self, chosen: Sequence[int]) -> list[int]:
-        """The values the next number of this slot may take, after ``chosen`` (the numbers written so far)."""
+    def choices(self, chosen: Sequence[int], inner_first: bool = False) -> list[int]:
+        """The values the next number of this slot may take, after ``chosen`` (the numbers written so far; with
+        ``inner_first`` a tile's factors are written innermost first)."""
         if self.kind == "SampleCategorical":
             return sorted(set(self.candidates))
         if self.kind == "SampleComputeLocation":
@@ -85,7 +90,9 @@ class Slot:
         if i == self.n - 1:
             return [remaining]
         limit = self.max_innermost if self.max_innermost > 0 else remaining
-        if i == self.n - 2:  # the last factor is what is left: it must respect the innermost limit
+        if inner_first and i == 0:  # the innermost factor comes first: it must respect the limit
+            return [d for d in divisors(remaining) if d <= limit]
+        if not inner_first and i == self.n - 2:  # the last factor is what is left: it must respect the limit
             return [d for d in divisors(remaining) if remaining // d <= limit]
         return divisors(remaining)
 
@@ -94,17 +101,18 @@ class Slot:
         """How many numbers the decision is."""
         return self.n if self.kind == "SamplePerfectTile" else 1
 
-    def to_decision(self, values: Sequence[int]) -> Any:
+    def to_decision(self, values: Sequence[int], inner_first: bool = False) -> Any:
         """The written numbers as TVM's decision for the instruction."""
         if self.kind == "SamplePerfectTile":
-            return [int(v) for v in values]
+            return [int(v) for v in (values[::-1] if inner_first else values)]
         if self.kind == "SampleCategorical":
             return self.candidates.index(int(values[0]))
         return int(values[0])
 
-    def from_decision(self, decision: Any) -> list[int]:
+    def from_decision(self, decision: Any, inner_first: bool = False) -> list[int]:
+        """TVM's decision as the numbers written, in the order they are written."""
         if self.kind == "SamplePerfectTile":
-            return [int(v) for v in decision]
+            return [int(v) for v in (decision[::-1] if inner_first else decision)]
         if self.kind == "SampleCategorical":
             return [self.candidates[int(decision)]]
         return [int(decision)]
@@ -132,10 +140,10 @@ class SketchPrompt:
     length: int  # the sketch's instructions; a program of it has these first, then its postprocessing's
     skeleton: str  # identity of those instructions: a program of this sketch has the same
 
-    def completion_words(self, decisions: Sequence[Any]) -> list[str | int]:
+    def completion_words(self, decisions: Sequence[Any], inner_first: bool = False) -> list[str | int]:
         out: list[str | int] = []
         for slot, decision in zip(self.slots, decisions):
-            out += slot.forced_words() + slot.from_decision(decision)
+            out += slot.forced_words() + slot.from_decision(decision, inner_first)
         return out
 
 
@@ -148,19 +156,25 @@ def divisors(n: int) -> list[int]:
 
 
 class Vocabulary:
-    """Token ids: the specials, the numbers (0..1023, -1, -2, H1..H1023) and the words training saw."""
+    """Token ids: the specials, the numbers (0..1023, -1, -2, H1..H1023) and the words training saw; and the order
+    a tile's factors are written in (``TILE_ORDERS``), which the weights learned with the words."""
 
-    def __init__(self, words: Sequence[str] = ()):
+    def __init__(self, words: Sequence[str] = (), tile_order: str = OUTER_FIRST):
+        if tile_order not in TILE_ORDERS:
+            raise ValueError(f"tile order {tile_order!r}: expected one of {', '.join(TILE_ORDERS)}")
         fixed = [*SPECIALS, *MARKERS, *(str(i) for i in range(BASE)), "-1", "-2", *(f"H{q}" for q in range(1, BASE))]
         self.words = sorted(set(words) - set(fixed))
         self.tokens = fixed + self.words
         self.ids = {t: i for i, t in enumerate(self.tokens)}
+        self.tile_order = tile_order
+        self.inner_first = tile_order == INNER_FIRST
 
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def fingerprint(self) -> str:
-        return hashlib.sha256("\n".join(self.tokens).encode()).hexdigest()[:16]
+    def fingerprint(self) -> str:  # outer-first files made before the order was a choice keep their fingerprint
+        return hashlib.sha256("\n".join(self.tokens + ([f"tile order {self.tile_order}"] if self.inner_first else []))
+                              .encode()).hexdigest()[:16]
 
     def number(self, value: int) -> list[int]:
         if not -2 <= value <= MAX_NUMBER:
