@@ -6,7 +6,8 @@ scheduling instructions without loop and block look-ups, splits and samples). Th
 walks the sketch's decision slots in order; each slot opens with tokens that restate it (forced:
 the decoder writes them, the model is not asked to guess them) and then holds the decision:
 
-    TILE <extent> <max innermost> f1 .. fn    SamplePerfectTile: the n factors of a loop (a perfect tiling)
+    TILE <extent> <max innermost> f1 .. fn    SamplePerfectTile: the n factors of a loop (a perfect tiling), in the
+                                              weights' ``TILE_ORDERS`` (outermost or innermost first)
     CAT <c1> .. <ck> CHOOSE <value>           SampleCategorical: the chosen candidate's value (not its index)
     LOC [INLINE] AT <position>                SampleComputeLocation: -2 inline, -1 root, 0..63 a loop
 
