@@ -136,30 +136,15 @@ def decision_losses(model, vocab, programs: list) -> dict:
     """Per kind of decision, the choice loss per decision (nats: its tokens' together, as the decoder samples them)
     beside choosing uniformly among the legal tokens at each step: where on networks it never saw the model is
     worse than knowing only what is legal."""
-    import torch
     from tunecore_tlm_generator import model as lm
-    from tunecore_tlm_generator.sentences import SEP
 
     totals = collections.defaultdict(lambda: [0.0, 0.0, set()])  # kind: [model nats, uniform nats, decisions]
     for n, (prompt, decisions) in enumerate(programs):
-        example = lm.encode_example(prompt, decisions, vocab)
-        if example is None or len(example[0]) > model.config.context:
-            continue
-        ids = example[0]
-        with torch.no_grad():
-            log_p = torch.log_softmax(model(torch.tensor([ids[:-1]]))[0][0], dim=-1)
-        steps = lm.completion_steps(prompt, vocab)
-        allowed, slot = next(steps)
-        for position in range(ids.index(SEP) + 1, len(ids)):
-            if len(allowed) > 1:
-                row = totals[decision_kind(prompt.slots[slot])]
-                row[0] -= float(log_p[position - 1, ids[position]] - torch.logsumexp(log_p[position - 1, allowed], 0))
-                row[1] += float(np.log(len(allowed)))
-                row[2].add((n, slot))
-            try:
-                allowed, slot = steps.send(ids[position])
-            except StopIteration:
-                break
+        for slot, chosen, uniform in lm.choice_steps(model, vocab, prompt, decisions) or []:
+            row = totals[decision_kind(prompt.slots[slot])]
+            row[0] -= chosen
+            row[1] -= uniform
+            row[2].add((n, slot))
     return {kind: {"decisions": len(seen), "loss": round(nats / len(seen), 4), "uniform": round(uniform / len(seen), 4)}
             for kind, (nats, uniform, seen) in sorted(totals.items())}
 

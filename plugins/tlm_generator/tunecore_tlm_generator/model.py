@@ -212,34 +212,42 @@ def mean_loss(model: GPT, examples: Sequence[tuple[list[int], list[bool]]], batc
 
 
 @torch.no_grad()
-def choice_log_probs(model: GPT, vocab: Vocabulary, prompt: SketchPrompt,
-                     decisions: Sequence[Any]) -> tuple[float, float, int] | None:
-    """Log-probability of a program's decisions as the decoder samples them (each decision token among the tokens
-    allowed at that step, ``completion_steps``), that of choosing uniformly among those tokens, and how many
-    tokens were choices; None when the decoder cannot write them."""
+def choice_steps(model: GPT, vocab: Vocabulary, prompt: SketchPrompt,
+                 decisions: Sequence[Any]) -> list[tuple[int, float, float]] | None:
+    """Per decision token where the decoder has a choice (``completion_steps``): its slot, the log-probability the
+    model gives it among the tokens allowed there, and that of choosing uniformly among them; None when the decoder
+    cannot write the decisions."""
     example = encode_example(prompt, decisions, vocab)
     if example is None or len(example[0]) > model.config.context:
         return None
     ids = example[0]
     model.eval()
-    with torch.no_grad():
-        logits, _ = model(torch.tensor([ids[:-1]]))
+    logits, _ = model(torch.tensor([ids[:-1]]))
     log_p = F.log_softmax(logits[0], dim=-1)
     steps = completion_steps(prompt, vocab)
-    allowed, _ = next(steps)
-    chosen = uniform = 0.0
-    count = 0
+    allowed, slot = next(steps)
+    out = []
     for position in range(ids.index(SEP) + 1, len(ids)):
         token = ids[position]
         if len(allowed) > 1:
-            chosen += float(log_p[position - 1, token] - torch.logsumexp(log_p[position - 1, allowed], dim=0))
-            uniform -= float(np.log(len(allowed)))
-            count += 1
+            out.append((slot, float(log_p[position - 1, token] - torch.logsumexp(log_p[position - 1, allowed], dim=0)),
+                        -float(np.log(len(allowed)))))
         try:
-            allowed, _ = steps.send(token)
+            allowed, slot = steps.send(token)
         except StopIteration:
             break
-    return chosen, uniform, count
+    return out
+
+
+def choice_log_probs(model: GPT, vocab: Vocabulary, prompt: SketchPrompt,
+                     decisions: Sequence[Any]) -> tuple[float, float, int] | None:
+    """Log-probability of a program's decisions as the decoder samples them (each decision token among the tokens
+    allowed at that step, ``completion_steps``), that of choosing uniformly among those tokens, and how many
+    tokens were choices; None when the decoder cannot write them."""
+    steps = choice_steps(model, vocab, prompt, decisions)
+    if steps is None:
+        return None
+    return sum(c for _, c, _ in steps), sum(u for _, _, u in steps), len(steps)
 
 
 def choice_loss(model: GPT, vocab: Vocabulary,
