@@ -18,7 +18,8 @@ Both weights files record what they were trained on and which networks were held
   decision token over the whole vocabulary (``model.mean_loss``) and over the tokens the decoder allows at that
   step (``model.choice_loss``), beside choosing uniformly among those tokens, for tlm-cpu.pt, tlm-base.pt and
   an untrained model of the same size (and any ``--tlm-weights`` held out alike), also per kind of decision
-  (a reduction's split, a spatial loop's, a categorical, a compute location); and on every measured program of
+  (a reduction's split, a spatial loop's, a categorical, a compute location) and at other sampling
+  temperatures (a model sure of the wrong tokens scores better when sampled hotter); and on every measured program of
   the held-out networks on the primary device, by (task, sketch): whether the decoder gives the faster programs
   more probability (Spearman), and how fast the program it finds most likely is, beside a random pick
   (``speed_agreement``).
@@ -39,6 +40,7 @@ from tunecore.experiments import command_line, environment, write_results
 from tunecore.interfaces import UsageError
 
 CDMPP_COLUMNS = ("spearman", "pairwise_accuracy", "top1_score", "top5_score", "mape")
+TEMPERATURES = (0.7, 1.0, 1.3, 1.6, 2.0)  # `-O search.temperature`: 1 is the default
 
 
 def cdmpp_rows(dataset, seed: int) -> dict:
@@ -117,6 +119,8 @@ def tlm_rows(dataset, more: dict[str, str]) -> dict:
         rows[name] = {"loss": round(lm.mean_loss(model, examples), 4), "choice_loss": round(choice["loss"], 4),
                       "uniform_choice_loss": round(choice["uniform_loss"], 4), "programs": choice["programs"],
                       "per_decision": decision_losses(model, vocab_of, programs),
+                      "choice_loss_at": {str(t): round(lm.choice_loss(model, vocab_of, programs, t)["loss"], 4)
+                                         for t in TEMPERATURES},
                       **speed_agreement(model, vocab_of, groups)}
     return {"exclude": sorted(excluded), "pairs": len(pairs), "rows": rows, "primary_device": primary,
             "sketch_groups": len(groups), "random_pick": round(float(np.exp(np.mean(
@@ -247,6 +251,15 @@ def tlm_markdown(tlm: dict) -> list[str]:
             cells = [(f"{d['loss']:.3f} ({d['uniform']:.3f})" if (d := row["per_decision"].get(kind)) else "-")
                      for kind in kinds]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if all("choice_loss_at" in row for row in tlm["rows"].values()):
+        lines += ["", "The choice loss of the same programs with the model's logits divided by a sampling temperature "
+                  "(`-O search.temperature=T`; 1 is the default): where it falls as T rises, the model is surer of "
+                  "its tokens than the held-out best programs bear out.", "",
+                  "| model | " + " | ".join(f"T = {t:g}" for t in TEMPERATURES) + " |",
+                  "|---|" + "---:|" * len(TEMPERATURES)]
+        for name, row in tlm["rows"].items():
+            lines.append(f"| {name} | " + " | ".join(f"{row['choice_loss_at'][str(t)]:.3f}" for t in TEMPERATURES)
+                         + " |")
     uniform = next(iter(tlm["rows"].values()))
     lines += ["", f"Every measured program of the held-out networks on `{tlm['primary_device']}`, in "
               f"{tlm['sketch_groups']} (task, sketch) groups of >= {SKETCH_GROUP}: does the decoder give the faster "

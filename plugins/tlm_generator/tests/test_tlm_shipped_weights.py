@@ -47,3 +47,6 @@ def test_shipped_weights_hold_out_networks_and_write_their_best_programs_far_lik
     # 1.65 (tlm-cpu) and 1.66 (tlm-base) against 1.66 on the first 10; bench/shipped_weights.py reports it
     choice = lm.choice_loss(model, vocab, held_out_best[:10])
     assert choice["programs"] == 10 and 0 < choice["loss"] < 5 * choice["uniform_loss"]
+    # sampled hot enough, any model chooses uniformly among the legal tokens
+    hot = lm.choice_loss(model, vocab, held_out_best[:10], temperature=1e6)
+    assert hot["loss"] == pytest.approx(choice["uniform_loss"], abs=1e-4) != pytest.approx(choice["loss"], abs=1e-2)

@@ -212,18 +212,18 @@ def mean_loss(model: GPT, examples: Sequence[tuple[list[int], list[bool]]], batc
 
 
 @torch.no_grad()
-def choice_steps(model: GPT, vocab: Vocabulary, prompt: SketchPrompt,
-                 decisions: Sequence[Any]) -> list[tuple[int, float, float]] | None:
+def choice_steps(model: GPT, vocab: Vocabulary, prompt: SketchPrompt, decisions: Sequence[Any],
+                 temperature: float = 1.0) -> list[tuple[int, float, float]] | None:
     """Per decision token where the decoder has a choice (``completion_steps``): its slot, the log-probability the
-    model gives it among the tokens allowed there, and that of choosing uniformly among them; None when the decoder
-    cannot write the decisions."""
+    model gives it among the tokens allowed there when sampling at ``temperature``, and that of choosing uniformly
+    among them; None when the decoder cannot write the decisions."""
     example = encode_example(prompt, decisions, vocab)
     if example is None or len(example[0]) > model.config.context:
         return None
     ids = example[0]
     model.eval()
     logits, _ = model(torch.tensor([ids[:-1]]))
-    log_p = F.log_softmax(logits[0], dim=-1)
+    log_p = F.log_softmax(logits[0] / temperature, dim=-1)
     steps = completion_steps(prompt, vocab)
     allowed, slot = next(steps)
     out = []
@@ -239,24 +239,25 @@ def choice_steps(model: GPT, vocab: Vocabulary, prompt: SketchPrompt,
     return out
 
 
-def choice_log_probs(model: GPT, vocab: Vocabulary, prompt: SketchPrompt,
-                     decisions: Sequence[Any]) -> tuple[float, float, int] | None:
+def choice_log_probs(model: GPT, vocab: Vocabulary, prompt: SketchPrompt, decisions: Sequence[Any],
+                     temperature: float = 1.0) -> tuple[float, float, int] | None:
     """Log-probability of a program's decisions as the decoder samples them (each decision token among the tokens
     allowed at that step, ``completion_steps``), that of choosing uniformly among those tokens, and how many
     tokens were choices; None when the decoder cannot write them."""
-    steps = choice_steps(model, vocab, prompt, decisions)
+    steps = choice_steps(model, vocab, prompt, decisions, temperature)
     if steps is None:
         return None
     return sum(c for _, c, _ in steps), sum(u for _, _, u in steps), len(steps)
 
 
-def choice_loss(model: GPT, vocab: Vocabulary,
-                programs: Sequence[tuple[SketchPrompt, Sequence[Any]]]) -> dict[str, float]:
-    """How well the model predicts given programs' decisions, as the decoder samples them: the teacher-forced
-    loss per decision token over the tokens allowed at that step, beside the loss of choosing uniformly among
-    those tokens (a sampler that knows only what is legal). Programs whose decisions the decoder cannot write
-    are left out; ``programs`` counts the others."""
-    scored = [s for prompt, decisions in programs if (s := choice_log_probs(model, vocab, prompt, decisions))]
+def choice_loss(model: GPT, vocab: Vocabulary, programs: Sequence[tuple[SketchPrompt, Sequence[Any]]],
+                temperature: float = 1.0) -> dict[str, float]:
+    """How well the model predicts given programs' decisions, as the decoder samples them at ``temperature``: the
+    teacher-forced loss per decision token over the tokens allowed at that step, beside the loss of choosing
+    uniformly among those tokens (a sampler that knows only what is legal). Programs whose decisions the decoder
+    cannot write are left out; ``programs`` counts the others."""
+    scored = [s for prompt, decisions in programs
+              if (s := choice_log_probs(model, vocab, prompt, decisions, temperature))]
     count = max(sum(n for _, _, n in scored), 1)
     return {"loss": -sum(c for c, _, _ in scored) / count, "uniform_loss": -sum(u for _, u, _ in scored) / count,
             "programs": len(scored)}
