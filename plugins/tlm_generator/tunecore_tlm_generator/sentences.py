@@ -168,7 +168,10 @@ class Vocabulary:
         self.tokens = fixed + self.words
         self.ids = {t: i for i, t in enumerate(self.tokens)}
         self.tile_order = tile_order
-        self.inner_first = tile_order == INNER_FIRST
+
+    @property
+    def inner_first(self) -> bool:
+        return self.tile_order == INNER_FIRST
 
     def __len__(self) -> int:
         return len(self.tokens)
