@@ -2,7 +2,8 @@
 from and on held-out ones, against as many uniform samples of the same task.
 
     python bench/tlm_reach.py --programs LABEL=FILE [--programs ...] [--dataset datasets/cpu-programs-v2.parquet]
-                              [--held-out zoo:resnet-18,zoo:mobilenet-v2,zoo:bert-tiny] [--name tlm_reach]
+                              [--held-out zoo:resnet-18,zoo:mobilenet-v2,zoo:bert-tiny] [--workloads W,...]
+                              [--name tlm_reach]
 
 ``--programs``: a dataset of programs tlm wrote and measured by the label protocol on one device the dataset has
 (``tunecore dataset collect --search tlm --cost-model none --random-fraction 0 --per-task 32``; the files under
@@ -10,7 +11,8 @@ datasets/ that begin with ``tlm-programs``). A task counts as held out when a ``
 weights' ``--exclude`` keeps such kernels out of training even where a training network shares them). Per task: the
 fastest tlm program over the fastest program the dataset holds on the device (random samples and ansor's), and the
 same for the fastest of as many of the dataset's uniform samples as tlm has programs (mean over 20 draws); per kind
-of kernel and split, the geometric mean over tasks and the three furthest tasks. Writes bench/results/<name>.json
+of kernel and split, the geometric mean over tasks and the three furthest tasks; with ``--workloads``, only the tasks
+those workloads hold (files that cover more than one network compared on one). Writes bench/results/<name>.json
 and .md.
 """
 
@@ -48,7 +50,7 @@ def kernel_kind(task) -> str:
     return first if first in ("matmul", "dense", "batch") else "other"
 
 
-def reach(dataset: Dataset, programs: Dataset, held_out: set[str], seed: int) -> dict:
+def reach(dataset: Dataset, programs: Dataset, held_out: set[str], workloads: set[str], seed: int) -> dict:
     """Per split and kind: tasks, geometric means of tlm's and uniform samples' fastest over the dataset's best."""
     rng = np.random.default_rng(seed)
     ratios: dict[tuple[str, str], list] = defaultdict(list)
@@ -62,6 +64,8 @@ def reach(dataset: Dataset, programs: Dataset, held_out: set[str], seed: int) ->
         if len(uniform) < len(latencies):
             continue
         task = dataset.tasks[key]
+        if workloads and not workloads & set(task.workloads):
+            continue
         best = min(r.latency for r in rows)
         sampled = np.mean([rng.choice(uniform, len(latencies), replace=False).min() for _ in range(DRAWS)])
         split = "held out" if held_out & set(task.workloads) else "learned from"
@@ -82,6 +86,7 @@ def main() -> None:
                         help="tlm's measured programs (repeatable)")
     parser.add_argument("--dataset", default="datasets/cpu-programs-v2.parquet")
     parser.add_argument("--held-out", default=HELD_OUT, help="the held-out workloads, comma-separated")
+    parser.add_argument("--workloads", default="", help="only tasks of these workloads, comma-separated")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--name", default="tlm_reach")
     args = parser.parse_args()
@@ -97,18 +102,20 @@ def main() -> None:
         parser.error(str(error))
     report = {"command": command_line("tlm_reach.py"), "environment": environment(),
               "dataset": dataset_record(args.dataset, dataset.info()), "held_out": args.held_out,
-              "programs": files, "reach": {}}
+              "workloads": args.workloads, "programs": files, "reach": {}}
     for label, programs in loaded.items():
         if not any(r.device_id in dataset.devices and r.latency is not None for r in programs.rows):
             parser.error(f"--programs {label}={files[label]}: no measured program on a device the dataset has")
-        report["reach"][label] = reach(dataset, programs, set(args.held_out.split(",")), args.seed)
+        report["reach"][label] = reach(dataset, programs, set(args.held_out.split(",")),
+                                       set(filter(None, args.workloads.split(","))), args.seed)
     write_results(args.out, args.name, report, markdown(report))
 
 
 def markdown(report: dict) -> str:
+    only = f" Only the tasks of {report['workloads']}." if report["workloads"] else ""
     lines = ["# How close tlm's programs get to the best the dataset holds, per kind of kernel", "",
              environment_line(report), dataset_line(report["dataset"]) + ".", "",
-             f"Held out: {report['held_out']}. Per task: tlm's fastest program over the fastest the dataset "
+             f"Held out: {report['held_out']}.{only} Per task: tlm's fastest program over the fastest the dataset "
              f"`{report['dataset']['path']}` holds for the task on the same device (1.0: as fast; lower is faster), "
              f"and the fastest of as many uniform samples of the dataset (mean over {DRAWS} draws); geometric mean "
              "over the tasks of a kind. Furthest: the three tasks where tlm's fastest is furthest from the best.", "",
