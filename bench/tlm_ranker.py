@@ -37,7 +37,14 @@ from tunecore import experiments
 from tunecore.dataset.evaluate import fixed_size_groups, held_out_metrics, measured_groups, ranking_metrics
 from tunecore.dataset.split import split
 from tunecore.dataset.table import Dataset
-from tunecore.experiments import command_line, dataset_record, environment, environment_line, write_results
+from tunecore.experiments import (
+    command_line,
+    dataset_record,
+    environment,
+    environment_line,
+    labelled_paths,
+    write_results,
+)
 from tunecore.features import shared_features
 
 HELD_OUT = "zoo:resnet-18,zoo:mobilenet-v2,zoo:bert-tiny"
@@ -59,9 +66,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--name", default="tlm_ranker")
     args = parser.parse_args()
-    rankers = dict(spec.partition("=")[::2] for spec in args.ranker)
-    if not rankers or len(rankers) != len(args.ranker) or not all(rankers) or not all(rankers.values()):
-        parser.error("name each ranker once: --ranker LABEL=FILE")
+    rankers = labelled_paths(parser, "--ranker", args.ranker, "ranker")
     from tunecore.errors import UsageError
 
     models = {}

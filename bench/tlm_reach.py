@@ -31,6 +31,7 @@ from tunecore.experiments import (
     dataset_record,
     environment,
     environment_line,
+    labelled_paths,
     write_results,
 )
 
@@ -59,12 +60,12 @@ def reach(dataset: Dataset, programs: Dataset, held_out: set[str], workloads: se
         if row.latency is not None:
             by_task[(row.task_key, row.device_id)].append(row.latency)
     for (key, device), latencies in sorted(by_task.items()):
+        task = dataset.tasks.get(key)
+        if task is None or workloads and not workloads & set(task.workloads):
+            continue
         rows = [r for r in dataset.rows_of(key, device) if r.latency is not None]
         uniform = np.array([r.latency for r in rows if r.collected_by == "random"])
         if len(uniform) < len(latencies):
-            continue
-        task = dataset.tasks[key]
-        if workloads and not workloads & set(task.workloads):
             continue
         best = min(r.latency for r in rows)
         sampled = np.mean([rng.choice(uniform, len(latencies), replace=False).min() for _ in range(DRAWS)])
@@ -90,9 +91,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--name", default="tlm_reach")
     args = parser.parse_args()
-    files = dict(spec.partition("=")[::2] for spec in args.programs)
-    if not files or len(files) != len(args.programs) or not all(files) or not all(files.values()):
-        parser.error("name each file once: --programs LABEL=FILE")
+    files = labelled_paths(parser, "--programs", args.programs, "file")
     from tunecore.errors import UsageError
 
     try:

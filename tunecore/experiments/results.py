@@ -42,6 +42,14 @@ def script_parser(doc: str, script: str) -> argparse.ArgumentParser:
                         help="where <name>.json and <name>.md are written (default: %(default)s)")
     return parser
 
+def labelled_paths(parser: argparse.ArgumentParser, option: str, specs: list[str], what: str) -> dict[str, str]:
+    """{label: path} from a repeatable ``option LABEL=FILE``, or the parser's error unless every label is given once
+    with a path."""
+    paths = dict(spec.partition("=")[::2] for spec in specs)
+    if not paths or len(paths) != len(specs) or not all(paths) or not all(paths.values()):
+        parser.error(f"name each {what} once: {option} LABEL=FILE")
+    return paths
+
 def command_line(script: str) -> str:
     """How this benchmark was invoked, for the report, quoted so that it can be pasted into a shell."""
     return shlex.join(["python", f"bench/{script}", *sys.argv[1:]])
