@@ -2,6 +2,7 @@
 against PyTorch eager on the same GPU. Run on the GPU machine (TVM with its compiler: bench/gpu_device.sh).
 
     python bench/gpu.py ops [--ops matmul-1024,conv2d-resnet50-c2,dense-bert] [--trials 128] [--work DIR]
+                            [--phase all|runs|remeasure]   # runs of several operators side by side, then remeasure
     python bench/gpu.py network [--model resnet-18] [--trials 400] [--work DIR]
     python bench/gpu.py network-export [--model resnet-18] --target JSON --store S --work DIR   # where TVM is
     python bench/gpu.py network-time DIR [DIR...]      # on the GPU machine, TVM's runtime alone
@@ -64,11 +65,15 @@ def ops(args) -> None:
         json.dump(gpu_line(), f)
     done_path = os.path.join(args.work, "runs.json")
     target = resolve_target(args.target)
+    done = json.load(open(done_path)) if os.path.exists(done_path) else {}
     results = {}
     for op in args.ops.split(","):
         runs = {}
         for method in args.methods.split(","):
             key = f"{op} {method} {args.trials}"
+            if args.phase == "remeasure" and key not in done:  # a run cut short by its call's deadline
+                print(f"{key}: not run", file=sys.stderr, flush=True)
+                continue
             if method == "metaschedule":
                 work_dir = os.path.join(args.work, f"ms-{op}-{args.trials}")
                 run = lambda: experiments.run_metaschedule(f"op:{op}", args.trials, 0, work_dir,  # noqa: E731
@@ -85,6 +90,8 @@ def ops(args) -> None:
                 runs[method] = {"failed": str(error)[-2000:]}
             print(f"{key}: {json.dumps({k: v for k, v in runs[method].items() if k != 'tasks'})[:300]}",
                   file=sys.stderr, flush=True)
+        if args.phase == "runs":
+            continue
         task = tiny_task(op, target)
         programs = {m: experiments.best_programs(r, task, TOP_K) for m, r in runs.items() if "failed" not in r}
         best = remeasure_together(task, programs, passes=8) if programs else {}
@@ -93,6 +100,8 @@ def ops(args) -> None:
                 "best_s": best[m][0] if m in best and best[m] else None} for m, r in runs.items()}}
         print(f"{op}: " + ", ".join(f"{m} {v['best_s'] * 1e6:.1f} us" for m, v in results[op]["runs"].items()
                                     if v.get("best_s")), file=sys.stderr, flush=True)
+    if args.phase == "runs":
+        return
     with open(os.path.join(args.work, "ops.json"), "w") as f:
         json.dump({"trials": args.trials, "ops": results, "gpu": gpu_line(), "environment": environment(target)}, f,
                   indent=2)
@@ -398,6 +407,9 @@ def main() -> None:
     o.add_argument("--trials", type=int, default=128)
     o.add_argument("--work", default="/tmp/tunecore-bench-gpu")
     o.add_argument("--target", default="cuda", help="(llvm: to try the script on a CPU machine)")
+    o.add_argument("--phase", choices=("all", "runs", "remeasure"), default="all",
+                   help="runs: the searches only (several operators side by side); remeasure: only the best "
+                        "programs of the runs already done, measured together (one operator at a time, GPU idle)")
     n = sub.add_parser("network")
     n.add_argument("--model", default="resnet-18", choices=("resnet-18", "mobilenet-v2"))
     n.add_argument("--trials", type=int, default=400)

@@ -11,6 +11,12 @@
 # whole, its programs profiled by ncu for at most NCU_SECONDS (default 2/5 of what is left), then the other
 # batches timed. Every step resumes where it stopped; $OUT gets results.tar.xz (every batch's results, profiles,
 # ncu output and calls; the networks' reports; the logs), never the libraries.
+#
+# With OPS_SECONDS set and TVM's compiler installed (its parts carried by this or an earlier call to the same
+# machine: bench/gpu_device.sh), the searches of `bench/gpu.py ops` come first, before the smoke test: one process
+# per operator side by side for OPS_SECONDS less 90 s, each one's searches in turn (OPS_TRIALS each, default 64;
+# a run the deadline cuts is left out), then each operator's best programs re-measured with the GPU otherwise
+# idle; $OUT gets ops.tar.gz (each operator's ops.json, runs.json, the runs' stores and MetaSchedule's databases).
 set -uo pipefail
 START=$SECONDS
 LIMIT=${1:?seconds}
@@ -33,6 +39,32 @@ for archive in "$CARRIED"/b-*.tar.xz "$CARRIED"/net-*.tar.xz; do
 done
 wait
 cat "$W/gpu.log"
+
+OPS="matmul-1024 conv2d-resnet50-c2 dense-bert"
+METHODS=ansor+xgb,metaschedule,tlm  # in this order within an operator: a deadline cuts the last
+if [ "${OPS_SECONDS:-0}" -gt 0 ] && [ -f /tmp/tunecore/site/tvm/lib/libtvm_compiler.so ]; then
+  OPS_END=$((SECONDS + OPS_SECONDS))
+  pids=""
+  for op in $OPS; do  # each its own process group, stopped whole at the deadline
+    setsid python3 bench/gpu.py ops --phase runs --ops $op --methods $METHODS --trials "${OPS_TRIALS:-64}" \
+      --work "$W/w-$op" > "$W/ops-$op.log" 2>&1 &
+    pids="$pids $!"
+  done
+  while [ -n "$(jobs -r)" ] && [ $SECONDS -lt $((OPS_END - 90)) ]; do sleep 2; done
+  for pid in $pids; do kill -9 -- -"$pid" 2>/dev/null; done
+  wait
+  n=3
+  for op in $OPS; do  # each operator a share of what is left
+    share=$(((OPS_END - SECONDS) / n)); n=$((n - 1))
+    timeout $((share > 5 ? share : 5)) python3 bench/gpu.py ops --phase remeasure --ops $op --methods $METHODS \
+      --trials "${OPS_TRIALS:-64}" --work "$W/w-$op" >> "$W/ops-$op.log" 2>&1
+    tail -n 5 "$W/ops-$op.log"
+  done
+  (cd "$W" && tar -czf "$OUT/ops.tar.gz" w-* ops-*.log)
+  echo "ops: $(du -b "$OUT/ops.tar.gz" | cut -f1) bytes; $(($(date +%s) - T0)) s"
+elif [ "${OPS_SECONDS:-0}" -gt 0 ]; then
+  echo "ops: skipped, TVM's compiler is not installed"
+fi
 BATCHES=$(ls -d "$W"/b-* 2>/dev/null)
 FIRST=$(echo "$BATCHES" | head -n 1)
 TIME="python3 -m tunecore.measure.batch"
@@ -51,13 +83,16 @@ for net in "$W"/net-*; do
   [ -d "$net" ] && timeout 180 python3 bench/gpu.py network-time "$net" > "$net.log" 2>&1 && tail -n 30 "$net.log"
 done
 
-$TIME "$FIRST" --limit-s $(($(left) - 60)) > "$W/time-$(basename "$FIRST").log" 2>&1
+TIME_S=$(($(left) - ${NCU_SECONDS:-60} - 20))  # what ncu and the packing keep
+$TIME "$FIRST" --limit-s $((TIME_S > 1 ? TIME_S : 1)) > "$W/time-$(basename "$FIRST").log" 2>&1
 tail -n 2 "$W/time-$(basename "$FIRST").log"
 NCU=${NCU_SECONDS:-$(($(left) * 2 / 5))}
-timeout "$NCU" python3 -m tunecore.cli ncu profile-batch "$FIRST" --chunk 16 > "$W/ncu-$(basename "$FIRST").log" 2>&1
-# a cut leaves ncu's target process behind (timeout stops only its own child): nothing may run beside the timing
-pkill -f -- "--call-once" ; pkill -x ncu ; sleep 1
-tail -n 3 "$W/ncu-$(basename "$FIRST").log"
+if [ "$NCU" -gt 0 ]; then  # (timeout 0 would mean no limit)
+  timeout "$NCU" python3 -m tunecore.cli ncu profile-batch "$FIRST" --chunk 16 > "$W/ncu-$(basename "$FIRST").log" 2>&1
+  # a cut leaves ncu's target process behind (timeout stops only its own child): nothing may run beside the timing
+  pkill -f -- "--call-once" ; pkill -x ncu ; sleep 1
+  tail -n 3 "$W/ncu-$(basename "$FIRST").log"
+fi
 for batch in $(echo "$BATCHES" | tail -n +2); do
   [ "$(left)" -gt 40 ] || break
   $TIME "$batch" --limit-s $(($(left) - 30)) > "$W/time-$(basename "$batch").log" 2>&1
