@@ -90,7 +90,8 @@ def main() -> None:
     parser.add_argument("--finetune-per-task", type=int, default=16)
     parser.add_argument("--held-out-device", default=None)
     parser.add_argument("--scoring-task", default="fused_conv2d4_add3_relu2",
-                        help="the resnet-18 task whose 2,048 new programs both models score, features included")
+                        help="the resnet-18 task whose 2,048 new programs both models score, features included "
+                             "('': none)")
     parser.add_argument("--group-size", type=int, default=128,
                         help="rank in groups of exactly this many programs of a task (default 128, as the papers; "
                              "dataset v1 has too few programs per task: give 64 or 0 for whole tasks)")
@@ -114,19 +115,23 @@ def main() -> None:
     primary = devices[0]
     held_out = device_of(dataset, args.held_out_device) if args.held_out_device else devices[-1]
     models = [m.strip() for m in args.cost_model.split(",") if m.strip()]
-    cross_device = split(dataset, f"device:{held_out}", args.seed)
-    # only tasks the held-out device measured enough of can be fine-tuned on: a user measures the chosen tasks there
-    measured_there = collections.Counter(r.task_key for r in cross_device.test if r.latency is not None)
-    among = {key for key, n in measured_there.items() if n >= args.finetune_per_task}
-    chosen = kmeans_tasks(dataset, primary, args.finetune_tasks, args.seed, among) if "fine-tuned" in wanted else []
-    splits = {
-        "cross-model": split(dataset, CROSS_MODEL, args.seed, devices=[primary]),
-        "CDMPP's protocol": split(dataset, seed=args.seed, devices=[primary], **CDMPP_PROTOCOL),
-        "cross-device": cross_device,
-    }
-    if chosen:
-        splits["cross-device, fine-tuned"] = with_fine_tuning(cross_device, chosen, args.finetune_per_task, args.seed)
-    splits = {title: s for (title, s), key in zip(splits.items(), SPLITS) if key in wanted}
+    splits = {}  # only those asked for: a dataset of one device (the GPU's) has no cross-device split
+    if "cross-model" in wanted:
+        splits["cross-model"] = split(dataset, CROSS_MODEL, args.seed, devices=[primary])
+    if "protocol" in wanted:
+        splits["CDMPP's protocol"] = split(dataset, seed=args.seed, devices=[primary], **CDMPP_PROTOCOL)
+    chosen = []
+    if {"cross-device", "fine-tuned"} & set(wanted):
+        cross_device = split(dataset, f"device:{held_out}", args.seed)
+        if "cross-device" in wanted:
+            splits["cross-device"] = cross_device
+        # only tasks the held-out device measured enough of can be fine-tuned on: a user measures them there
+        measured_there = collections.Counter(r.task_key for r in cross_device.test if r.latency is not None)
+        among = {key for key, n in measured_there.items() if n >= args.finetune_per_task}
+        chosen = kmeans_tasks(dataset, primary, args.finetune_tasks, args.seed, among) if "fine-tuned" in wanted else []
+        if chosen:
+            splits["cross-device, fine-tuned"] = with_fine_tuning(cross_device, chosen, args.finetune_per_task,
+                                                                  args.seed)
     report = {
         "command": command_line("cdmpp.py"),
         "environment": environment(),
@@ -139,7 +144,7 @@ def main() -> None:
                                                       "ensemble": args.ensemble}})
                     for name, s in splits.items()},
     }
-    if {"cdmpp", "xgb"} <= set(models):
+    if {"cdmpp", "xgb"} <= set(models) and args.scoring_task:
         report["scoring"] = scoring_time(dataset, primary, args.scoring_task, 2048, args.seed)
     write_results(args.out, args.name, report, markdown(report))
 
@@ -149,8 +154,10 @@ def markdown(report: dict) -> str:
     lines = [
         "# CDMPP beside xgb on the shipped dataset",
         "",
-        f"{dataset_line(data)}; cross-model on {data['devices'][data['primary']]}, cross-device "
-        f"holds out {data['devices'][data['held_out_device']]}."
+        f"{dataset_line(data)}; {'cross-model ' if 'cross-model' in report['results'] else ''}on "
+        f"{data['devices'][data['primary']]}"
+        + (f", cross-device holds out {data['devices'][data['held_out_device']]}"
+           if any(name.startswith("cross-device") for name in report["results"]) else "") + "."
         + (f" Fine-tuning tasks (KMeans): {', '.join(report['finetune_tasks'])}." if report["finetune_tasks"] else ""),
         f"Command: `{report['command']}`. Paper (TenSet, GPUs and CPUs): 14.03% MAPE cross-model, 10.85% "
         f"cross-device. cdmpp's options: "

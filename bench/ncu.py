@@ -1,7 +1,8 @@
 """Profile metrics as cost-model features: the oracle study and the two-stage `ncu` model beside xgb.
 
     python bench/ncu.py [--dataset datasets/cpu-programs-v2.parquet] [--split workload:zoo:resnet-18,zoo:bert-tiny]
-                        [--group-size 128]
+                        [--group-size 128] [--name ncu]
+    python bench/ncu.py --dataset datasets/gpu-h100.parquet --split task:fused_matmul4_add2_add3 --name ncu-h100
 
 Needs rows with CPU profiles (`tunecore ncu profile`; datasets/README.md says which rows the shipped dataset
 has). Everything goes through `tunecore costmodel eval`'s own code (tunecore.dataset.evaluate), on the device
@@ -19,7 +20,9 @@ tasks with >= 48 programs; whole tasks ranked). On each:
 each twice: trained on the profiled training rows only (everyone sees the same programs), and on every
 measured training row (stage A still learns only from profiled ones; how the model would be used). Also
 stage A's R^2 per metric on the held-out networks' tasks, what a profile costs, and every table's floor (a
-per-task constant) and ceiling (second labels). Writes bench/results/ncu.{json,md}.
+per-task constant) and ceiling (second labels). Writes bench/results/<name>.{json,md} (default ncu; the second
+command: the H100's Nsight Compute profiles, one BERT-base task held out, the only one with a whole 128-program
+group profiled so far).
 """
 
 from __future__ import annotations
@@ -106,6 +109,7 @@ def main() -> None:
                         help="rank the held-out networks' programs in groups of exactly this many programs of a task "
                              "(default 128, the study's; 0: whole tasks)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--name", default="ncu", help="results file name (default ncu)")
     args = parser.parse_args()
 
     dataset = Dataset.load(args.dataset)
@@ -146,7 +150,7 @@ def main() -> None:
             args.seed),
         "results": results,
     }
-    write_results(args.out, "ncu", report, markdown(report))
+    write_results(args.out, args.name, report, markdown(report))
 
 
 def markdown(report: dict) -> str:

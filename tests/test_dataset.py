@@ -323,6 +323,8 @@ def test_device_task_and_random_splits_are_reproducible():
         [vars(r) for r in split(dataset, "random:0.5", seed=1).test]
     only_d1 = split(dataset, "task:0.34", devices=["d1"])
     assert {r.device_id for r in only_d1.train + only_d1.test} == {"d1"}
+    named = split(dataset, "task:taskB,taskC")
+    assert {r.task_key for r in named.test} == {"B", "C"} and {r.task_key for r in named.train} == {"A"}
 
 
 def test_without_a_split_every_selected_measurement_is_trained_on():
@@ -371,6 +373,7 @@ def test_filters_keep_programs_with_steady_timings_and_tasks_with_enough_of_them
     ("workload:zoo:nosuch", "workload zoo:nosuch is not in the dataset"),
     ("device:zz", "device zz: not one of"),
     ("task:2", "between 0 and 1"),
+    ("task:taskA,nosuch", "task nosuch is not in the dataset"),
     ("workload:w1,w2", "the train side is empty"),
 ])
 def test_bad_splits_are_one_line_errors(spec, fragment):

@@ -26,7 +26,8 @@ def add_commands(register: Any) -> None:
                                "e.g. --variant long=xgb.rounds=2000,xgb.eta=0.025")
     evaluate.add_argument("--split", required=True,
                           help="workload:W1,W2 (cross-model) | device:ID,... (cross-device) | task:FRACTION | "
-                               "random:FRACTION | cdmpp:N (CDMPP's: every Nth program of a task by latency)")
+                               "task:NAME,... | random:FRACTION | cdmpp:N (CDMPP's: every Nth program of a task by "
+                               "latency)")
     add_devices(evaluate)
     add_filters(evaluate)
     evaluate.add_argument("--group-size", type=count(2), default=None, metavar="N",

@@ -4,7 +4,8 @@
   workload is tested, so a kernel two networks share is never on both sides;
 - ``device:ID[,ID]`` -- cross-device: measurements on those devices (ids or unique prefixes) are tested,
   the other devices' are trained on;
-- ``task:FRACTION`` -- that fraction of the tasks, chosen by seed, is tested;
+- ``task:FRACTION`` -- that fraction of the tasks, chosen by seed, is tested; ``task:NAME[,NAME]`` -- the tasks of
+  those names (as ``tunecore dataset info`` lists them) are tested;
 - ``random:FRACTION`` -- that fraction of the measurements, chosen by seed, is tested;
 - ``cdmpp:N`` -- CDMPP's split: the programs of each task on each device, sorted by latency, every Nth is
   tested (the 5th, 10th, ... fastest for N = 5), the rest trained on; every task and device is on both sides,
@@ -73,6 +74,14 @@ def split(dataset: Dataset, spec: str, seed: int = 0, devices: list[str] | None 
     elif kind == "device":
         held_devices = {device_of(dataset, d.strip()) for d in value.split(",") if d.strip()}
         in_test = [r.device_id in held_devices for r in rows]
+    elif kind == "task" and not _is_number(value):
+        named = [n.strip() for n in value.split(",") if n.strip()]
+        known = {dataset.tasks[r.task_key].name for r in rows}
+        for name in named:
+            if name not in known:
+                raise UsageError(f"--split {spec}: task {name} is not in the dataset (it has {len(known)} tasks, "
+                                 f"such as {', '.join(sorted(known)[:5])})")
+        in_test = [dataset.tasks[r.task_key].name in named for r in rows]
     else:
         fraction = _fraction(spec, value)
         rng = np.random.default_rng(seed)
@@ -162,6 +171,14 @@ def device_of(dataset: Dataset, text: str) -> str:
     if len(matches) != 1:
         raise UsageError(f"device {text}: not one of the dataset's devices ({', '.join(dataset.devices) or 'none'})")
     return matches[0]
+
+
+def _is_number(value: str) -> bool:
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _fraction(spec: str, value: str) -> float:
