@@ -67,13 +67,18 @@ def add_commands(register: Any) -> None:
     imported.add_argument("dataset")
     imported.add_argument("--store", "-s", default=None, help="record store (default: tunecore.db)")
 
-    batch = sub.add_parser("export-batch", help="build random programs of the workloads' tasks into a directory, to "
-                                                "be timed on a machine without TVM's compiler (`python -m "
-                                                "tunecore.measure.batch DIR` there)")
+    batch = sub.add_parser("export-batch", help="build random programs (or a search's) of the workloads' tasks into "
+                                                "a directory, to be timed on a machine without TVM's compiler "
+                                                "(`python -m tunecore.measure.batch DIR` there)")
     batch.add_argument("--model", "-m", action="append", required=True, help="workload (as for `collect`)")
     batch.add_argument("--target", "-t", required=True,
                        help="the device's target, e.g. nvidia/nvidia-h100 or a JSON dict with its arch")
-    batch.add_argument("--per-task", type=count(1), required=True, help="random programs per task")
+    batch.add_argument("--per-task", type=count(1), required=True, help="programs per task")
+    batch.add_argument("--search", default="random",
+                       help="who writes the programs: random (uniform samples, default) or a search policy, whose "
+                            "first batch with nothing measured is taken (e.g. tlm)")
+    batch.add_argument("--option", "-O", action="append", metavar="ROLE.KEY=VALUE",
+                       help="the search's options, as for `run`, e.g. -O search.weights=FILE")
     batch.add_argument("--kernels", type=names, default=[], help="only tasks of these operators (as for `collect`)")
     batch.add_argument("--out", "-o", required=True, help="the batch directory (created)")
     add_seed(batch, "the random programs")
@@ -263,15 +268,21 @@ def _merge(args: argparse.Namespace) -> int:
 
 def _export_batch(args: argparse.Namespace) -> int:
     from tunecore.dataset.batch import export_batch
+    from tunecore.options import parse_options
+    from tunecore.registry import Registry
     from tunecore.targets import resolve_target
     from tunecore.workloads import expand_models
 
     if os.path.exists(os.path.join(args.out, "manifest.json")):
         raise UsageError(f"--out {args.out}: a batch is there already (time it, or choose another directory)")
     target = resolve_target(args.target)
+    registry = Registry.shared()
+    if args.search != "random" and args.search not in registry.names("search"):
+        raise UsageError(f"--search {args.search}: not installed (installed: {', '.join(registry.names('search'))})")
+    options = parse_options(args.option, [args.search])
     report = _with_progress(args, lambda on_progress: export_batch(
         args.out, expand_models(args.model), target, args.per_task, kernels=tuple(args.kernels), seed=args.seed,
-        on_progress=on_progress))
+        search=args.search, options=options, registry=registry, on_progress=on_progress))
     render.fields({**report, "next": f"python -m tunecore.measure.batch {args.out}  (on the device)"}, args.json)
     return 0
 

@@ -11,9 +11,12 @@ from tunecore.measure.batch import MANIFEST, PROFILES, device_kernels, read_resu
 
 
 def export_batch(directory: str, workloads: list[str], target: Any, per_task: int, *, kernels: tuple[str, ...] = (),
-                 seed: int = 0, on_progress: Any = None) -> dict[str, Any]:
-    """Build ``per_task`` uniform samples of the design space of every task of ``workloads`` for ``target`` into
-    ``directory``, with each task's reference outputs (its unscheduled program run here on the host CPU)."""
+                 seed: int = 0, search: str = "random", options: dict | None = None, registry: Any = None,
+                 on_progress: Any = None) -> dict[str, Any]:
+    """Build ``per_task`` programs of every task of ``workloads`` for ``target`` into ``directory``, with each task's
+    reference outputs (its unscheduled program run here on the host CPU): uniform samples of its design space, or
+    with another ``search`` the first batch that policy proposes with nothing measured (``options``: as for `run`,
+    {role or name: {key: value}}; e.g. tlm's programs, to be timed where TVM's compiler is not)."""
     import dataclasses
     import shutil
 
@@ -35,6 +38,7 @@ def export_batch(directory: str, workloads: list[str], target: Any, per_task: in
     builder, host_builder = LocalBuilder(target), LocalBuilder(host)
     tasks: dict[str, dict] = {}
     programs: list[dict] = []
+    written: dict[str, dict] = {}  # task name -> what the search says it did (a policy's task_report)
     try:
         found = [t for spec in workloads for t in extract_tasks(load_workload(spec), target)
                  if not kernels or has_kernel(t.kernel_class, kernels)]
@@ -50,7 +54,10 @@ def export_batch(directory: str, workloads: list[str], target: Any, per_task: in
                                       written_arguments(task.mod), os.path.join(directory, reference))
             tasks[key] = {"args": task.args, "weights": weights, "reference": reference,
                           "task": dataclasses.asdict(DatasetTask.of(task))}
-            candidates = DesignSpace(task, seed).sample_new(per_task, (), "random")
+            if search == "random":
+                candidates = DesignSpace(task, seed).sample_new(per_task, (), "random")
+            else:
+                candidates, written[task.name] = _proposed(task, per_task, seed, search, options, registry)
             for candidate, artifact in zip(candidates, builder.build([tvm.ir.save_json(c.mod) for c in candidates])):
                 program = {"id": f"{key}-{candidate.key}", "task": key, "key": candidate.key,
                            "trace": candidate.trace_json, "origin": candidate.origin}
@@ -69,8 +76,35 @@ def export_batch(directory: str, workloads: list[str], target: Any, per_task: in
         host_builder.close()
     write_manifest(directory, target_to_json(target), tasks,
                    [p for p in programs if "library" in p] + [p for p in programs if "library" not in p])
-    return {"tasks": len(tasks), "programs": len(programs),
-            "built": sum("library" in p for p in programs)}
+    return {"tasks": len(tasks), "programs": len(programs), "built": sum("library" in p for p in programs),
+            **({"search": search, "written": written} if search != "random" else {})}
+
+
+def _proposed(task: Any, n: int, seed: int, search_name: str, options: dict | None,
+              registry: Any) -> tuple[list[Any], dict]:
+    """The first ``n`` candidates ``search_name`` proposes for ``task`` with nothing measured (no cost model), and
+    its report of the task."""
+    from tunecore.api import _construct
+    from tunecore.options import options_for
+    from tunecore.registry import Registry
+    from tunecore.roles import TaskContext
+    from tunecore.space import DesignSpace
+    from tunecore.store.sqlite import MemoryStore
+    from tunecore.tuner import derive_seed
+
+    registry = registry or Registry.shared()
+    task_seed = derive_seed(seed, task.workload_hash, search_name)
+    store, cost_model = MemoryStore(), _construct(registry, "cost_model", "none", seed=task_seed)
+    search = _construct(registry, "search", search_name, cost_model=cost_model, store=store, seed=task_seed,
+                        **options_for(options, "search", search_name))
+    try:
+        store.put_tasks([task])
+        search.start_task(TaskContext(task, DesignSpace(task, seed=task_seed), task_seed, set(), []))
+        return search.propose(task, n), search.task_report(task)
+    finally:
+        search.close()
+        cost_model.close()
+        store.close()
 
 
 def import_batch(directory: str, dataset_path: str) -> dict[str, Any]:

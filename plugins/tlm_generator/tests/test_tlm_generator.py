@@ -540,3 +540,25 @@ def test_the_loop_writes_measures_and_fine_tunes_in_rounds_and_resumes(tmp_path)
                            "--exclude zoo:resnet18: no dataset has it")
     assert_one_line_exit_2(run_cli("tlm", "loop", "-d", str(tmp_path / "none.parquet"), "--exclude", "op:x",
                                    "-o", out), "no such dataset file")
+
+
+def test_a_batch_of_the_programs_tlm_writes_is_exported_with_its_report(tmp_path):
+    """`dataset export-batch --search tlm`: tlm's first batch with nothing measured, built for timing elsewhere (a
+    GPU without TVM's compiler), with what it wrote and how much of it was valid."""
+    import json
+
+    from tunecore.testing.cli import assert_one_line_exit_2, cli_json, run_cli
+
+    out = cli_json(run_cli("dataset", "export-batch", "--model", "op:matmul-64", "--target", "llvm", "--per-task", "4",
+                           "--search", "tlm", "-O", "search.rewrite=0", "--out", str(tmp_path / "b"), "--json"))
+    assert out["programs"] == out["built"] == 4 and out["search"] == "tlm"
+    (report,) = out["written"].values()
+    assert report["generated"] >= 4 - report["sampled"] and report["invalid"] <= report["generated"]
+    origins = [p["origin"] for p in json.load(open(tmp_path / "b" / "manifest.json"))["programs"]]
+    assert origins.count("tlm") == 4 - report["sampled"] > 0
+    assert_one_line_exit_2(run_cli("dataset", "export-batch", "--model", "op:matmul-64", "--target", "llvm",
+                                   "--per-task", "1", "--search", "nosuch", "--out", str(tmp_path / "c")),
+                           "--search nosuch: not installed")
+    assert_one_line_exit_2(run_cli("dataset", "export-batch", "--model", "op:matmul-64", "--target", "llvm",
+                                   "--per-task", "1", "--search", "tlm", "-O", "search.nosuch=1",
+                                   "--out", str(tmp_path / "d")), "nosuch")
