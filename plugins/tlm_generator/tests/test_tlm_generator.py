@@ -245,6 +245,21 @@ def test_pretrain_lowers_the_loss_and_finetune_learns_the_best(bert_tiny, tmp_pa
     assert metadata["tile_order"] == lm.load(tuned)[1].tile_order == "inner-first"  # fine-tuning writes as it learned
 
 
+def test_pretrain_from_the_dataset_learns_every_measured_program_it_can_write(bert_tiny, tmp_path):
+    """--from-dataset: the dataset's own programs (measured, so valid on their device) instead of random samples."""
+    out = cli_json(run_cli("tlm", "pretrain", "-d", bert_tiny, "--exclude", "zoo:dcgan", "--from-dataset",
+                           "--steps", "20", "--layers", "1", "--width", "32", "-o", str(tmp_path / "b.pt"), "--json"))
+    from tunecore_tlm_generator.training import Sketches, best_programs, task_targets
+
+    dataset = Dataset.load(bert_tiny)
+    pairs = task_targets(dataset, ["zoo:dcgan"])
+    measured = sum(r.latency is not None and not {"zoo:dcgan"} & set(dataset.tasks[r.task_key].workloads)
+                   for r in dataset.rows)
+    writable = len(best_programs(dataset, Sketches(), pairs, top=len(dataset.rows)))
+    assert out["programs"] == writable and measured * 0.9 <= writable <= measured
+    assert out["held_out_loss"] < out["held_out_loss_before"]
+
+
 def test_pretrain_resumes_from_its_checkpoint(bert_tiny, tmp_path):
     out = str(tmp_path / "base.pt")
     args = ["tlm", "pretrain", "-d", bert_tiny, "--exclude", "zoo:dcgan", "--per-sketch", "3", "--layers", "1",

@@ -24,7 +24,8 @@ def add_commands(register: Any) -> None:
     tlm = register("tlm", cmd_tlm, help="pre-train and fine-tune the TLM schedule generator")
     sub = tlm.add_subparsers(dest="tlm_command", required=True, parser_class=Parser)
 
-    pretrain = sub.add_parser("pretrain", help="train on random programs of a dataset's tasks (nothing measured)")
+    pretrain = sub.add_parser("pretrain", help="train on random programs of a dataset's tasks (nothing measured), "
+                                               "or on the programs it holds")
     finetune = sub.add_parser("finetune", help="train on the best measured programs per task of a dataset")
     for p in (pretrain, finetune):
         p.add_argument("--dataset", "-d", required=True, help="dataset file (.parquet)")
@@ -40,6 +41,10 @@ def add_commands(register: Any) -> None:
                           help="also write every task for this device, repeatable, as for `run` (e.g. a CPU the "
                                "dataset measured none of them on: the model learns its programs and its word)")
     pretrain.add_argument("--per-sketch", type=count(1), default=48, help="random programs per sketch (default 48)")
+    pretrain.add_argument("--from-dataset", action="store_true",
+                          help="learn the programs the dataset holds (every measured one of each task, as TLM learned "
+                               "TenSet's) instead of sampling random ones: on a GPU most random decisions exceed its "
+                               "thread or shared-memory limits, and a measured program never does")
     pretrain.add_argument("--layers", type=count(1), default=4, help="transformer layers (default 4)")
     pretrain.add_argument("--width", type=count(1), default=128, help="embedding width (default 128)")
     pretrain.add_argument("--tile-order", choices=TILE_ORDERS, default=OUTER_FIRST,
@@ -113,6 +118,7 @@ def _pretrain(args: argparse.Namespace) -> int:
     from tunecore_tlm_generator.training import (
         CORPUS,
         Sketches,
+        best_programs,
         describe,
         encode_all,
         load_corpus,
@@ -127,15 +133,20 @@ def _pretrain(args: argparse.Namespace) -> int:
     dataset, pairs = _pairs(args, targets)
     started = time.perf_counter()
     settings = {"dataset": os.path.abspath(args.dataset), "exclude": args.exclude, "per_sketch": args.per_sketch,
-                "seed": args.seed, "targets": targets, "tile_order": args.tile_order}
+                "seed": args.seed, "targets": targets, "tile_order": args.tile_order,
+                **({"from_dataset": True} if args.from_dataset else {})}  # (an older corpus names none)
     corpus_path = args.out + CORPUS
     corpus = load_corpus(corpus_path, settings)
     if corpus is None:
         sketches = Sketches()
-        with render.progress(transient=args.json) as display:
-            bar = display.add_task("sampling random programs", total=len(pairs))
-            programs = random_programs(sketches, pairs, args.per_sketch, args.seed, physical_cores(),
-                                       on_task=lambda: display.advance(bar))
+        if args.from_dataset:
+            programs = [(prompt, decisions) for prompt, decisions, _ in
+                        best_programs(dataset, sketches, pairs, top=len(dataset.rows))]
+        else:
+            with render.progress(transient=args.json) as display:
+                bar = display.add_task("sampling random programs", total=len(pairs))
+                programs = random_programs(sketches, pairs, args.per_sketch, args.seed, physical_cores(),
+                                           on_task=lambda: display.advance(bar))
         if not programs:
             raise UsageError(f"{args.dataset}: none of its tasks has a sketch TLM can write")
         vocab = Vocabulary([w for p in {id(p): p for p, _ in programs}.values() for w in p.words if isinstance(w, str)],
