@@ -7,10 +7,10 @@
 # DIR holds what was carried: the apache-tvm-ffi wheel, tvm-runtime.tar.xz and dist-info.tar (bench/gpu_carry.sh),
 # batch archives b-*.tar.xz (`tunecore dataset export-batch` directories, xz) and network directories net-*.tar.xz
 # (`python bench/gpu.py network-export`). In order, until SECONDS have passed: a smoke test (the first programs of
-# the first batch: the call stops there if none runs), the networks against PyTorch eager, the first batch timed
-# whole, its programs profiled by ncu for at most NCU_SECONDS (default 2/5 of what is left), then the other
-# batches timed. Every step resumes where it stopped; $OUT gets results.tar.xz (every batch's results, profiles,
-# ncu output and calls; the networks' reports; the logs), never the libraries.
+# the first batch: the call stops there if none runs), the networks against PyTorch eager, the batches timed in the
+# order carried, then the batch NCU_BATCH names (its name as packed, e.g. bert2; default the first) profiled by ncu
+# in the NCU_SECONDS (default 60) the timing leaves. Every step resumes where it stopped; $OUT gets results.tar.xz
+# (every batch's results, profiles, ncu output and calls; the networks' reports; the logs), never the libraries.
 #
 # With OPS_SECONDS set and TVM's compiler installed (its parts carried by this or an earlier call to the same
 # machine: bench/gpu_device.sh), the searches of `bench/gpu.py ops` come first, before the smoke test: one process
@@ -83,19 +83,19 @@ for net in "$W"/net-*; do
   [ -d "$net" ] && timeout 180 python3 bench/gpu.py network-time "$net" > "$net.log" 2>&1 && tail -n 30 "$net.log"
 done
 
-TIME_S=$(($(left) - ${NCU_SECONDS:-60} - 20))  # what ncu and the packing keep
-$TIME "$FIRST" --limit-s $((TIME_S > 1 ? TIME_S : 1)) > "$W/time-$(basename "$FIRST").log" 2>&1
-tail -n 2 "$W/time-$(basename "$FIRST").log"
-NCU=${NCU_SECONDS:-$(($(left) * 2 / 5))}
-if [ "$NCU" -gt 0 ]; then  # (timeout 0 would mean no limit)
-  timeout "$NCU" python3 -m tunecore.cli ncu profile-batch "$FIRST" --chunk 16 > "$W/ncu-$(basename "$FIRST").log" 2>&1
-  # a cut leaves ncu's target process behind (timeout stops only its own child): nothing may run beside the timing
-  pkill -f -- "--call-once" ; pkill -x ncu ; sleep 1
-  tail -n 3 "$W/ncu-$(basename "$FIRST").log"
-fi
-for batch in $(echo "$BATCHES" | tail -n +2); do
-  [ "$(left)" -gt 40 ] || break
-  $TIME "$batch" --limit-s $(($(left) - 30)) > "$W/time-$(basename "$batch").log" 2>&1
+NCU=${NCU_SECONDS:-60}  # kept for Nsight Compute at the end
+for batch in $BATCHES; do  # every batch timed, in the order carried
+  limit=$(($(left) - NCU - 20))
+  [ "$limit" -gt 5 ] || break
+  $TIME "$batch" --limit-s "$limit" > "$W/time-$(basename "$batch").log" 2>&1
   tail -n 2 "$W/time-$(basename "$batch").log"
 done
+PROFILED=$(ls -d "$W"/b-*-"${NCU_BATCH:-}"* 2>/dev/null | head -n 1)  # NCU_BATCH: its name as packed, e.g. bert2
+if [ "$NCU" -gt 0 ] && [ -n "$PROFILED" ] && [ "$(left)" -gt 25 ]; then
+  timeout $(($(left) - 15)) python3 -m tunecore.cli ncu profile-batch "$PROFILED" --chunk 16 \
+    > "$W/ncu-$(basename "$PROFILED").log" 2>&1
+  # a cut leaves ncu's target process behind (timeout stops only its own child): nothing may run beside the timing
+  pkill -f -- "--call-once" ; pkill -x ncu ; sleep 1
+  tail -n 3 "$W/ncu-$(basename "$PROFILED").log"
+fi
 pack
