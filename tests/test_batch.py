@@ -85,6 +85,9 @@ def test_batch_commands_refuse_bad_input(tmp_path, batch):
                            "not a batch directory")
     assert_one_line_exit_2(run_cli("dataset", "export-batch", "--model", "op:matmul-64", "--target", "llvm",
                                    "--per-task", "1", "--out", str(batch)), "a batch is there already")
+    assert_one_line_exit_2(run_cli("dataset", "export-batch", "--model", "op:matmul-64", "--target", "llvm",
+                                   "--per-task", "1", "-O", "search.x=1", "--out", str(tmp_path / "o")),
+                           "random samples take none")
     fresh = tmp_path / "untimed"
     cli_json(run_cli("dataset", "export-batch", "--model", "op:matmul-64", "--target", "llvm", "--per-task", "1",
                      "--out", str(fresh), "--json"))

@@ -277,6 +277,8 @@ def _export_batch(args: argparse.Namespace) -> int:
         raise UsageError(f"--out {args.out}: a batch is there already (time it, or choose another directory)")
     target = resolve_target(args.target)
     registry = Registry.shared()
+    if args.search == "random" and args.option:
+        raise UsageError("-O: options are for a search policy's programs (--search NAME); random samples take none")
     if args.search != "random" and args.search not in registry.names("search"):
         raise UsageError(f"--search {args.search}: not installed (installed: {', '.join(registry.names('search'))})")
     options = parse_options(args.option, [args.search])

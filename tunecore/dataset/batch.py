@@ -57,7 +57,8 @@ def export_batch(directory: str, workloads: list[str], target: Any, per_task: in
             if search == "random":
                 candidates = DesignSpace(task, seed).sample_new(per_task, (), "random")
             else:
-                candidates, written[task.name] = _proposed(task, per_task, seed, search, options, registry)
+                name = task.name if task.name not in written else f"{task.name} ({key[:8]})"  # two networks' names
+                candidates, written[name] = _proposed(task, per_task, seed, search, options, registry)
             for candidate, artifact in zip(candidates, builder.build([tvm.ir.save_json(c.mod) for c in candidates])):
                 program = {"id": f"{key}-{candidate.key}", "task": key, "key": candidate.key,
                            "trace": candidate.trace_json, "origin": candidate.origin}
