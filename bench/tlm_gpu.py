@@ -65,23 +65,25 @@ def main() -> None:
     models, kernels = args.models.split(","), tuple(filter(None, args.kernels.split(",")))
     report = {"command": command_line("tlm_gpu.py"), "environment": environment(), "target": target_json,
               "weights": files, "per_task": args.per_task, "uniform_draws": args.uniform_draws, "tasks": {}}
-    for model in models:
-        for task in extract_tasks(load_workload(model), target):
-            if (not kernels or has_kernel(task.kernel_class, kernels)) and task.name not in report["tasks"]:
-                report["tasks"][task.name] = {"workload": model, "uniform_valid_share": uniform_valid_share(
-                    task, args.uniform_draws, args.seed)}
-    for label, path in files.items():
-        directory = os.path.join(args.work, f"b-{args.name}-{label}")
+    directories = {label: os.path.join(args.work, f"b-{args.name}-{label}") for label in files}
+    for directory in directories.values():
         if os.path.exists(directory):
             parser.error(f"{directory} exists: a batch of an earlier run (time it, or remove it)")
-        exported = export_batch(directory, models, target, args.per_task, kernels=kernels, seed=args.seed,
+    for model in models:  # by task key: two networks' tasks of one name stay apart
+        for task in extract_tasks(load_workload(model), target):
+            if (not kernels or has_kernel(task.kernel_class, kernels)) and task.workload_hash not in report["tasks"]:
+                report["tasks"][task.workload_hash] = {"name": task.name, "workload": model,
+                                                       "uniform_valid_share": uniform_valid_share(
+                                                           task, args.uniform_draws, args.seed)}
+    for label, path in files.items():
+        exported = export_batch(directories[label], models, target, args.per_task, kernels=kernels, seed=args.seed,
                                 search="tlm", options={"search": {"weights": path, "rewrite": 0}})
-        for name, written in exported["written"].items():
+        for written in exported["written"].values():
             valid = written["generated"] - written["invalid"]
-            report["tasks"][name][label] = {**written, "valid": valid,
-                                            "valid_share": valid / max(written["generated"], 1)}
-        report.setdefault("batches", {})[label] = {"directory": directory, "built": exported["built"]}
-        print(label, {name: round(row[label]["valid_share"], 3) for name, row in report["tasks"].items()}, flush=True)
+            report["tasks"][written["task_key"]][label] = {**written, "valid": valid,
+                                                          "valid_share": valid / max(written["generated"], 1)}
+        report.setdefault("batches", {})[label] = {"directory": directories[label], "built": exported["built"]}
+        print(label, {row["name"]: round(row[label]["valid_share"], 3) for row in report["tasks"].values()}, flush=True)
     write_results(args.out, args.name, report, markdown(report))
 
 
@@ -105,8 +107,8 @@ def markdown(report: dict) -> str:
     lines += ["", "## Per task", "",
               "| task (workload) | weights | written | valid | valid share | in the batch: tlm's / uniform |",
               "|---|---|---:|---:|---:|---|"]
-    for name, row in report["tasks"].items():
-        op = f"{name} ({row['workload']})"
+    for row in report["tasks"].values():
+        op = f"{row['name']} ({row['workload']})"
         for label in report["weights"]:
             w = row.get(label)
             if w is None:

@@ -38,7 +38,7 @@ def export_batch(directory: str, workloads: list[str], target: Any, per_task: in
     builder, host_builder = LocalBuilder(target), LocalBuilder(host)
     tasks: dict[str, dict] = {}
     programs: list[dict] = []
-    written: dict[str, dict] = {}  # task name -> what the search says it did (a policy's task_report)
+    written: dict[str, dict] = {}  # task name -> what the search says it did (its task_report) and the task's key
     try:
         found = [t for spec in workloads for t in extract_tasks(load_workload(spec), target)
                  if not kernels or has_kernel(t.kernel_class, kernels)]
@@ -58,7 +58,8 @@ def export_batch(directory: str, workloads: list[str], target: Any, per_task: in
                 candidates = DesignSpace(task, seed).sample_new(per_task, (), "random")
             else:
                 name = task.name if task.name not in written else f"{task.name} ({key[:8]})"  # two networks' names
-                candidates, written[name] = _proposed(task, per_task, seed, search, options, registry)
+                candidates, report = _proposed(task, per_task, seed, search, options, registry)
+                written[name] = {**report, "task_key": key}
             for candidate, artifact in zip(candidates, builder.build([tvm.ir.save_json(c.mod) for c in candidates])):
                 program = {"id": f"{key}-{candidate.key}", "task": key, "key": candidate.key,
                            "trace": candidate.trace_json, "origin": candidate.origin}

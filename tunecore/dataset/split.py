@@ -75,9 +75,9 @@ def split(dataset: Dataset, spec: str, seed: int = 0, devices: list[str] | None 
         held_devices = {device_of(dataset, d.strip()) for d in value.split(",") if d.strip()}
         in_test = [r.device_id in held_devices for r in rows]
     elif kind == "task" and not _is_number(value):
-        named = [n.strip() for n in value.split(",") if n.strip()]
+        named = {n.strip() for n in value.split(",") if n.strip()}
         known = {dataset.tasks[r.task_key].name for r in rows}
-        for name in named:
+        for name in sorted(named):
             if name not in known:
                 raise UsageError(f"--split {spec}: task {name} is not in the dataset (it has {len(known)} tasks, "
                                  f"such as {', '.join(sorted(known)[:5])})")
@@ -182,10 +182,7 @@ def _is_number(value: str) -> bool:
 
 
 def _fraction(spec: str, value: str) -> float:
-    try:
-        fraction = float(value)
-    except ValueError:
-        fraction = -1.0
+    fraction = float(value) if _is_number(value) else -1.0
     if not 0 < fraction < 1:
         raise UsageError(f"split {spec}: the fraction must be a number between 0 and 1")
     return fraction
