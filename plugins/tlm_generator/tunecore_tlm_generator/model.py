@@ -85,24 +85,32 @@ class GPT(nn.Module):
 # Sentences as tensors
 
 
-def completion_steps(prompt: SketchPrompt, vocab: Vocabulary) -> Generator[tuple[list[int], int], int, list[Any]]:
+def completion_steps(prompt: SketchPrompt, vocab: Vocabulary,
+                     limited: bool = False) -> Generator[tuple[list[int], int], int, list[Any]]:
     """The completion as a machine: yields (the token ids allowed next, the slot they belong to), is sent the
     chosen id, returns the decisions.
 
     A single allowed id is a forced token (a slot's restatement, EOS). Every path through it is a legal
     decision for every slot: tile factors that divide what is left of the loop with the innermost
-    within its limit, a categorical's candidates, a compute location's loop indices.
+    within its limit, a categorical's candidates, a compute location's loop indices. ``limited``: also within
+    the sketch's GPU limits (``prompt.limits``: threads per block, shared memory), as far as the decisions before
+    leave a way to meet them (decoding; a measured program is written as it is).
     """
-    decisions = []
+    limits = prompt.limits if limited else None
+    decisions, written = [], []
     for i, slot in enumerate(prompt.slots):
         for forced in vocab.encode(slot.forced_words()):
             yield [forced], i
         values: list[int] = []
         for _ in range(slot.numbers):
-            first, second = vocab.number_steps(slot.choices(values, vocab.inner_first))
+            choices = slot.choices(values, vocab.inner_first)
+            if limits:
+                choices = limits.allowed(written, values, choices, vocab.inner_first)
+            first, second = vocab.number_steps(choices)
             token = yield first, i
             ids = [token, (yield second[token], i)] if token in second else [token]
             values.append(vocab.decode_numbers(ids)[0])
+        written.append(values)
         decisions.append(slot.to_decision(values, vocab.inner_first))
     yield [EOS], len(prompt.slots)
     return decisions
@@ -276,10 +284,11 @@ class Sample:
 @torch.no_grad()
 def generate(model: GPT, vocab: Vocabulary, prompt: SketchPrompt, count: int, temperature: float,
              generator: torch.Generator, uniform_fallback: bool,
-             kept: Sequence[dict[int, list[int]]] | None = None) -> list[Sample]:
+             kept: Sequence[dict[int, list[int]]] | None = None, limited: bool = True) -> list[Sample]:
     """``count`` samples for one sketch, written token by token with every illegal token masked; with ``kept``
     (per sample, ``slot_tokens`` of the slots it keeps) sample i writes those slots as given and the model writes
-    the others, each after every decision before it, kept or written.
+    the others, each after every decision before it, kept or written; ``limited``: within the sketch's GPU limits
+    (``completion_steps``).
 
     The probability the model gives to illegal tokens is renormalized over the legal ones in proportion to
     the model's, or with ``uniform_fallback`` spread over them alike: where the model's favourites are all
@@ -291,7 +300,7 @@ def generate(model: GPT, vocab: Vocabulary, prompt: SketchPrompt, count: int, te
     caches = [(k.expand(count, -1, -1, -1), v.expand(count, -1, -1, -1)) for k, v in caches]
     last = logits[:, -1, :].expand(count, -1)
     kept = [{slot: list(tokens) for slot, tokens in k.items()} for k in kept] if kept else [{} for _ in range(count)]
-    machines = [completion_steps(prompt, vocab) for _ in range(count)]
+    machines = [completion_steps(prompt, vocab, limited) for _ in range(count)]
     steps: list[tuple[list[int], int] | None] = [next(m) for m in machines]
     locations: list[dict[int, list[int]]] = [{} for _ in range(count)]
     results: list[list[Any] | None] = [None] * count

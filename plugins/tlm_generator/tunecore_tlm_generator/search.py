@@ -3,11 +3,13 @@
 Per round and task: the model samples decisions for sketches drawn uniformly (TLM samples prompts
 uniformly too), decoding under masks so every decision is legal; the programs are replayed and
 postprocessed, those measured before dropped, and up to five rounds of sampling fill the batch
-(TLM's retries). With ``--cost-model none`` the samples are measured as they come; with a cost model
-that learns, ``oversample`` times as many are generated and the best-scored measured. With ``rewrite``, that share
-of a task's programs (0.5), once it has measured ones, keeps all but 1-3 decisions of one of its fastest and lets
-the model write those anew (a mutation whose new values the model picks). With ``explore``, that share of every
-round's programs is TVM's uniform samples instead, learned from and rewritten like the model's own.
+(TLM's retries). On a GPU the masks also keep each sketch's threads per block and shared memory within
+the target's limits (``gpu_limits``; ``limits=false`` writes without them, as TLM does). With ``--cost-model none``
+the samples are measured as they come; with a cost model that learns, ``oversample`` times as many are generated
+and the best-scored measured. With ``rewrite``, that share of a task's programs (0.5), once it has measured ones,
+keeps all but 1-3 decisions of one of its fastest and lets the model write those anew (a mutation whose new
+values the model picks). With ``explore``, that share of every round's programs is TVM's uniform samples instead,
+learned from and rewritten like the model's own.
 
 The model keeps learning during a run (``online``): after every ``online_every`` measurements it
 takes ``online_steps`` steps on the fastest programs of each task measured so far (TLM's fine-tuning
@@ -60,7 +62,7 @@ class TLMSearch(SearchPolicy):
     def __init__(self, *, weights: str = "shipped", temperature: float = 1.0, uniform_fallback: bool = True,
                  oversample: int = 4, rewrite: float = 0.5, explore: float = 0.0, online: bool = True,
                  online_every: int = 32, online_steps: int = 8, lr: float = 1e-4, batch_size: int = 16,
-                 threads: int | None = None, **kwargs: Any):
+                 threads: int | None = None, limits: bool = True, **kwargs: Any):
         super().__init__(**kwargs)
         check_options(
             weights=(weights, isinstance(weights, str) and bool(weights), "'shipped', 'shipped-base' or a file"),
@@ -75,6 +77,7 @@ class TLMSearch(SearchPolicy):
             lr=(lr, is_number(lr, 1e-9), "a positive number"),
             batch_size=(batch_size, is_int(batch_size, 1), "an integer >= 1"),
             threads=(threads, threads is None or is_int(threads, 1), "an integer >= 1"),
+            limits=(limits, isinstance(limits, bool), "true or false"),
         )
         import torch
 
@@ -90,7 +93,7 @@ class TLMSearch(SearchPolicy):
         self.temperature, self.uniform_fallback, self.oversample = temperature, uniform_fallback, oversample
         self.rewrite, self.explore = rewrite, explore
         self.online, self.online_every, self.online_steps = online, online_every, online_steps
-        self.lr, self.batch_size = lr, batch_size
+        self.lr, self.batch_size, self.limits = lr, batch_size, limits
         self.optimizer = None
         self.generator = torch.Generator().manual_seed(self.seed)
         self.rng = np.random.default_rng(self.seed)
@@ -211,7 +214,7 @@ class TLMSearch(SearchPolicy):
         from tunecore_tlm_generator.sketches import realize
 
         for sample in lm.generate(self.model, self.vocab, prompt, count, self.temperature, self.generator,
-                                  self.uniform_fallback, kept):
+                                  self.uniform_fallback, kept, self.limits):
             state.generated += 1
             sch, relocated = realize(state.context.space, prompt, sample,
                                      seed=int(self.rng.integers(1, 2**31 - 1)), postprocs=state.postprocs)

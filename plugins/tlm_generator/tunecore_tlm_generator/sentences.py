@@ -140,6 +140,7 @@ class SketchPrompt:
     insts: list[int]  # index in the trace of each slot's sampling instruction
     length: int  # the sketch's instructions; a program of it has these first, then its postprocessing's
     skeleton: str  # identity of those instructions: a program of this sketch has the same
+    limits: Any = None  # gpu_limits.Limits of a GPU sketch: what decoding may write
 
     def completion_words(self, decisions: Sequence[Any], inner_first: bool = False) -> list[str | int]:
         out: list[str | int] = []

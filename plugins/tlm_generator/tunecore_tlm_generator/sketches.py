@@ -12,6 +12,7 @@ import json
 from typing import Any, Sequence
 
 from tunecore.interfaces import to_plain
+from tunecore_tlm_generator.gpu_limits import Limits, derive
 from tunecore_tlm_generator.sentences import (
     SAMPLING,
     SketchPrompt,
@@ -55,7 +56,9 @@ def probe(space: Any, index: int) -> SketchPrompt:
     for slot in slots:  # raises for a number the vocabulary cannot write
         numbers.encode(slot.forced_words())
     words = task_words(space.task) + ["SKETCH"] + skeleton_words(insts)
-    return SketchPrompt(index, words, slots, sampled, len(insts), skeleton_id(insts))
+    threads, shared = derive(space.task, insts, {inst: slot for slot, inst in enumerate(sampled)})
+    return SketchPrompt(index, words, slots, sampled, len(insts), skeleton_id(insts),
+                        Limits(slots, threads, shared) if threads or shared else None)
 
 
 def _slot(sch: Any, kind: str, inputs: Any, attrs: Any) -> Slot:
