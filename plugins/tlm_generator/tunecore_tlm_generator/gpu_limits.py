@@ -45,12 +45,11 @@ class Factor:
 
 @dataclasses.dataclass(frozen=True)
 class Threads:
-    """Threads per block: ``constant`` times the factors, within [low, high]."""
+    """Threads per block: the product of the factors, within [low, high]."""
 
     factors: tuple[Factor, ...]
     low: int
     high: int
-    constant: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,8 +102,7 @@ class Limits:
 
         for limit in self.threads:
             ranges = [bounds(f) for f in limit.factors]
-            if (limit.constant * math.prod(lo for lo, _ in ranges) > limit.high
-                    or limit.constant * math.prod(hi for _, hi in ranges) < limit.low):
+            if math.prod(lo for lo, _ in ranges) > limit.high or math.prod(hi for _, hi in ranges) < limit.low:
                 return False
         for limit in self.shared:
             smallest = sum(buffer.copies * buffer.element_bytes * math.prod(
@@ -199,8 +197,9 @@ def derive(task: Any, insts: Sequence[Any], slot_of: dict[int, int]) -> tuple[li
             for loop in loops:
                 by_block.setdefault(split[loop][0] if loop in split else "", []).append(loop)
     for block, loops in by_block.items():
-        if block:  # "": a thread loop of unknown extent, which no bound holds
-            threads.append(Threads(_merged([split[loop][2] for loop in loops]), annotations.get((block, _LOW), 1),
+        if block:  # "": a thread loop of unknown extent and block, which may add threads to any: no lower bound then
+            low = annotations.get((block, _LOW), 1) if "" not in by_block else 1
+            threads.append(Threads(_merged([split[loop][2] for loop in loops]), low,
                                    min(annotations.get((block, _HIGH), max_threads), max_threads)))
 
     shared: dict[str, list[SharedBuffer]] = {}
