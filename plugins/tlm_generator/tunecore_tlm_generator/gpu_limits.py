@@ -24,13 +24,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import re
-from typing import Any, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 _LOW, _HIGH = "meta_schedule.thread_extent_low_inclusive", "meta_schedule.thread_extent_high_inclusive"
 _SHARED = ("shared", "shared.dyn")
 _STAGES = "software_pipeline_stage"
-_THREADS = ("threadIdx",)
 _PER_BLOCK = ("threadIdx", "vthread")  # tiles a shared buffer holds for the whole thread block
 
 
@@ -52,15 +50,26 @@ class Threads:
     high: int
 
 
+class Dim(NamedTuple):
+    """A shared tile's dimension: min(size, extent + sum |c| (E - 1)) over (c, the tile E of an iterator) terms."""
+
+    extent: int
+    size: int
+    terms: tuple[tuple[int, Factor], ...]
+
+
 @dataclasses.dataclass(frozen=True)
 class SharedBuffer:
-    """One operand's tile in shared memory: per dimension (region extent, dimension size, (coefficient, extent of
-    the tile of an iterator) terms), the footprint min(size, extent + sum |c| (E - 1)); ``copies`` of it where a
-    software pipeline keeps the next stages' tiles too."""
+    """One operand's tile in shared memory; ``copies`` of it where a software pipeline keeps the next stages'."""
 
-    element_bytes: int
-    dims: tuple[tuple[int, int, tuple[tuple[int, Factor], ...]], ...]
+    element_bits: int
+    dims: tuple[Dim, ...]
     copies: int = 1
+
+    def smallest(self, bounds: Callable[[Factor], tuple[int, int]]) -> int:
+        """Its bytes with every tile at its smallest (a dimension only grows with its tiles)."""
+        return self.copies * self.element_bits * math.prod(
+            min(d.size, d.extent + sum(abs(c) * (bounds(f)[0] - 1) for c, f in d.terms)) for d in self.dims) // 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,185 +85,169 @@ class Limits:
 
     def __init__(self, slots: Sequence[Any], threads: Sequence[Threads], shared: Sequence[Shared]):
         self.slots, self.threads, self.shared = list(slots), list(threads), list(shared)
-
-    def __bool__(self) -> bool:
-        return bool(self.threads or self.shared)
+        self.bounded = {f.slot for t in self.threads for f in t.factors} | {
+            f.slot for s in self.shared for b in s.buffers for d in b.dims for _, f in d.terms}
 
     def allowed(self, decided: Sequence[Sequence[int]], prefix: Sequence[int], values: Sequence[int],
                 inner_first: bool) -> list[int]:
         """Of ``values`` (the next number of slot ``len(decided)``, after ``prefix`` of it), those with which every
         limit can still be met; all of them if none can (the limits are necessary, the postprocessors decide)."""
-        current = len(decided)
-        ok = [v for v in values if self._feasible(decided, (current, (*prefix, v)), inner_first)]
+        if len(decided) not in self.bounded:
+            return list(values)
+        ok = [v for v in values if self._feasible(decided, (*prefix, v), inner_first)]
         return ok or list(values)
 
     def satisfied(self, written: Sequence[Sequence[int]], inner_first: bool) -> bool:
         """Whether whole decisions (each slot's numbers as written) meet every limit."""
-        return self._feasible(written, (len(written), ()), inner_first)
+        return self._feasible(written, (), inner_first)
 
-    def _feasible(self, decided: Sequence[Sequence[int]], partial: tuple[int, tuple[int, ...]],
-                  inner_first: bool) -> bool:
+    def _feasible(self, decided: Sequence[Sequence[int]], prefix: tuple[int, ...], inner_first: bool) -> bool:
+        """Whether, after the ``decided`` slots and ``prefix`` of the next, some completion can meet each limit."""
         def bounds(factor: Factor) -> tuple[int, int]:
             if factor.slot < len(decided):
                 return _range(self.slots[factor.slot], tuple(decided[factor.slot]), factor.positions, inner_first)
-            prefix = partial[1] if factor.slot == partial[0] else ()
-            return _range(self.slots[factor.slot], prefix, factor.positions, inner_first)
+            start = prefix if factor.slot == len(decided) else ()
+            return _range(self.slots[factor.slot], start, factor.positions, inner_first)
 
         for limit in self.threads:
             ranges = [bounds(f) for f in limit.factors]
             if math.prod(lo for lo, _ in ranges) > limit.high or math.prod(hi for _, hi in ranges) < limit.low:
                 return False
-        for limit in self.shared:
-            smallest = sum(buffer.copies * buffer.element_bytes * math.prod(
-                min(size, extent + sum(abs(c) * (bounds(f)[0] - 1) for c, f in terms))
-                for extent, size, terms in buffer.dims) for buffer in limit.buffers)
-            if smallest > limit.limit:
-                return False
-        return True
+        return all(sum(b.smallest(bounds) for b in limit.buffers) <= limit.limit for limit in self.shared)
 
 
-@functools.lru_cache(maxsize=65536)
 def _range(slot: Any, prefix: tuple[int, ...], positions: tuple[int, ...], inner_first: bool) -> tuple[int, int]:
     """The smallest and largest product of ``positions`` over the slot's decisions that begin with ``prefix`` (its
     numbers in the order written)."""
-    products = [math.prod(_at(slot, full, p, inner_first) for p in positions)
-                for full in _completions(slot, prefix, inner_first)]
-    return (min(products), max(products)) if products else (1, 1)
+    written = {slot.n - 1 - p if slot.kind == "SamplePerfectTile" and inner_first else p for p in positions}
+    chosen = math.prod(prefix[k] for k in written if k < len(prefix))
+    rest = tuple(sorted(k for k in written if k >= len(prefix)))
+    if not rest:
+        return chosen, chosen
+    if slot.kind != "SamplePerfectTile":
+        values = slot.choices([])
+        return chosen * min(values), chosen * max(values)
+    lo, hi = _rest(slot, len(prefix), slot.extent // math.prod(prefix), rest, inner_first)
+    return chosen * lo, chosen * hi
 
 
-def _at(slot: Any, written: Sequence[int], position: int, inner_first: bool) -> int:
-    if slot.kind == "SamplePerfectTile" and inner_first:
-        return written[slot.n - 1 - position]
-    return written[position]
-
-
-@functools.lru_cache(maxsize=4096)
-def _completions(slot: Any, prefix: tuple[int, ...], inner_first: bool) -> list[tuple[int, ...]]:
-    if len(prefix) == slot.numbers:
-        return [prefix]
-    return [full for v in slot.choices(list(prefix), inner_first)
-            for full in _completions(slot, (*prefix, v), inner_first)]
+@functools.lru_cache(maxsize=65536)
+def _rest(slot: Any, i: int, remaining: int, wanted: tuple[int, ...], inner_first: bool) -> tuple[int, int]:
+    """The smallest and largest product of a tile's numbers at ``wanted`` (written indices >= i) over the ways to
+    write its numbers from the i-th on, ``remaining`` of the loop left."""
+    if i == slot.n:
+        return 1, 1
+    options = []
+    for v in slot.tile_choices(i, remaining, inner_first):
+        lo, hi = _rest(slot, i + 1, remaining // v, wanted, inner_first)
+        scale = v if i in wanted else 1
+        options.append((scale * lo, scale * hi))
+    return (min(lo for lo, _ in options), max(hi for _, hi in options)) if options else (1, 1)
 
 
 # Reading them from a sketch (needs TVM)
 
 
-def derive(task: Any, insts: Sequence[Any], slot_of: dict[int, int]) -> tuple[list[Threads], list[Shared]]:
+def derive(task: Any, insts: Sequence[Any], slot_of: dict[int, int],
+           read_at_cache: dict[int, str]) -> tuple[list[Threads], list[Shared]]:
     """The thread and shared-memory limits of a sketch's instructions (JSON, up to postprocessing) for a GPU task;
-    ``slot_of`` maps a sampling instruction's index to its slot. Nothing for another target, or for what the trace
-    does not say plainly (then decoding is as without limits)."""
+    ``slot_of`` maps a sampling instruction's index to its slot, ``read_at_cache`` a CacheRead's index to the region
+    its block read when the sketch was replayed (a block whose reads changed before, e.g. by an inlined cast, is
+    not what the task's function says). Nothing for another target, or for what the trace does not say plainly
+    (then decoding is as without limits).
+
+    Assumed of the sketches (MetaSchedule's multi-level tiling): a thread block's threads are the threadIdx loops
+    split from its own loops, and a shared cache computed at a loop of a ``Reorder`` holds the tiles after that loop
+    and the thread and vthread tiles."""
     target = task.target
     if "gpu" not in [str(k) for k in target.keys]:
         return [], []
     max_threads = int(target.attrs.get("max_threads_per_block", 1024))
     max_shared = int(target.attrs.get("max_shared_memory_per_block", 48 * 1024))
     block_of: dict[str, str] = {}  # block RV -> its name in the task
+    loop_count: dict[str, int] = {}  # block -> the loops its first GetLoops found
     original: dict[str, tuple[str, int]] = {}  # loop RV -> (block, index among the block's loops)
+    loop_block: dict[str, str] = {}  # loop RV -> the block whose loops it was made from
     variable: dict[str, Factor] = {}  # a sampled variable -> the number it is
     split: dict[str, tuple[str, int, Factor]] = {}  # a split's loop -> (block, original loop index, its factor)
     members: dict[str, list[str]] = {}  # a fused loop -> the loops in it
     orders: list[list[str]] = []
     bound: list[tuple[str, list[str]]] = []  # (thread kind, loops)
     annotations: dict[tuple[str, str], int] = {}
-    caches: dict[str, tuple[str, int]] = {}  # a shared cache block RV -> (block read, its read index)
+    moved: set[str] = set()  # blocks computed at another block's loop: its threads enclose them too
+    caches: dict[str, tuple[str, int, int]] = {}  # a shared cache block RV -> (block read, read index, CacheRead)
     computed_at: list[tuple[str, str]] = []
     stages: dict[str, list[int]] = {}  # a pipelined (fused) loop's innermost -> the stage of each block in it
-    looped: set[str] = set()
     for i, (kind, inputs, attrs, outputs) in enumerate(insts):
         if kind == "GetSBlock":
             block_of[outputs[0]] = attrs[0]
-        elif kind == "GetLoops" and inputs[0] in block_of and block_of[inputs[0]] not in looped:
-            looped.add(block_of[inputs[0]])
+        elif kind == "GetLoops" and inputs[0] in block_of and block_of[inputs[0]] not in loop_count:
+            loop_count[block_of[inputs[0]]] = len(outputs)
             original.update((loop, (block_of[inputs[0]], k)) for k, loop in enumerate(outputs))
+            loop_block.update((loop, block_of[inputs[0]]) for loop in outputs)
         elif kind == "SamplePerfectTile" and i in slot_of:
             variable.update((v, Factor(slot_of[i], (p,))) for p, v in enumerate(outputs))
         elif kind == "SampleCategorical" and i in slot_of:
             variable[outputs[0]] = Factor(slot_of[i], (0,))
-        elif kind == "Split" and inputs[0] in original:
-            block, k = original[inputs[0]]
-            for loop, v in zip(outputs, inputs[1:]):
-                if v in variable:
-                    split[loop] = (block, k, variable[v])
+        elif kind == "Split":
+            if inputs[0] in original:
+                block, k = original[inputs[0]]
+                split.update((loop, (block, k, variable[v])) for loop, v in zip(outputs, inputs[1:]) if v in variable)
+            if inputs[0] in loop_block:
+                loop_block.update((loop, loop_block[inputs[0]]) for loop in outputs)
         elif kind == "Fuse":
             members[outputs[0]] = [m for x in inputs for m in members.get(x, [x])]
+            if len({loop_block.get(x) for x in inputs}) == 1 and inputs[0] in loop_block:
+                loop_block[outputs[0]] = loop_block[inputs[0]]
         elif kind == "Reorder":
             orders.append(list(inputs))
         elif kind == "Bind":
             bound.append((attrs[0].split(".")[0], members.get(inputs[0], [inputs[0]])))
-        elif kind == "Annotate" and attrs and attrs[0] in (_LOW, _HIGH) and inputs[0] in block_of:
-            annotations[(block_of[inputs[0]], attrs[0])] = int(inputs[1])
-        elif kind == "Annotate" and attrs and attrs[0] == _STAGES and inputs[0] in members:
+        elif kind == "Annotate" and attrs[0] in (_LOW, _HIGH) and inputs[0] in block_of and isinstance(inputs[1], int):
+            annotations[(block_of[inputs[0]], attrs[0])] = inputs[1]
+        elif kind == "Annotate" and attrs[0] == _STAGES and inputs[0] in members:
             stages[members[inputs[0]][-1]] = [int(x) for x in inputs[1]]  # the blocks sit in the innermost loop
+        elif kind in ("ComputeAt", "ReverseComputeAt") and inputs[0] in block_of:
+            moved.add(block_of[inputs[0]])
         elif kind == "CacheRead" and attrs[1] in _SHARED and inputs[0] in block_of:
-            caches[outputs[0]] = (block_of[inputs[0]], int(attrs[0]))
+            caches[outputs[0]] = (block_of[inputs[0]], int(attrs[0]), i)
         elif kind == "ComputeAt" and inputs[0] in caches:
             computed_at.append((inputs[0], inputs[1]))
 
-    threads = []
     by_block: dict[str, list[str]] = {}
     for kind, loops in bound:
-        if kind in _THREADS:
+        if kind == "threadIdx":
             for loop in loops:
-                by_block.setdefault(split[loop][0] if loop in split else "", []).append(loop)
+                by_block.setdefault(loop_block.get(loop, ""), []).append(loop)
+    threads = []
     for block, loops in by_block.items():
-        if block:  # "": a thread loop of unknown extent and block, which may add threads to any: no lower bound then
-            low = annotations.get((block, _LOW), 1) if "" not in by_block else 1
+        if block and all(loop in split for loop in loops):  # a thread loop of unknown extent: no bound for its block
+            # "": a thread loop of unknown block, which may add threads to any: no lower bound then
+            low = 1 if "" in by_block or block in moved else annotations.get((block, _LOW), 1)
             threads.append(Threads(_merged([split[loop][2] for loop in loops]), low,
                                    min(annotations.get((block, _HIGH), max_threads), max_threads)))
 
     shared: dict[str, list[SharedBuffer]] = {}
     per_block = [loop for kind, loops in bound if kind in _PER_BLOCK for loop in loops if loop in split]
     for cache, at in computed_at:
-        block, read = caches[cache]
+        block, read, index = caches[cache]
         order = next((o for o in orders if at in o), None)
         if order is None or at not in split or split[at][0] != block:
             continue
-        inside = [split[loop] for loop in order[order.index(at) + 1:] + per_block if loop in split]
-        tiles = {k: _merged([f for b, j, f in inside if b == block and j == k])
+        inside = [split[loop] for loop in dict.fromkeys(order[order.index(at) + 1:] + per_block) if loop in split]
+        tiles = {k: _merged([f for b, j, f in inside if b == block and j == k])[0]
                  for k in {j for b, j, _ in inside if b == block}}
-        buffer = _footprint(task, block, read, {k: factors[0] for k, factors in tiles.items() if len(factors) == 1})
-        at_loop = [c for c, loop in computed_at if loop == at]
+        buffer = _footprint(task, block, read, tiles, loop_count[block], read_at_cache.get(index))
+        caches_at = [c for c, loop in computed_at if loop == at]
         pipeline = stages.get(at, [])
-        if buffer is not None and len(pipeline) == len(at_loop) + 1:  # the caches, then the block they feed
-            # a tile written in stage s is kept until the last stage reads it (TVM's InjectSoftwarePipeline)
-            buffer = dataclasses.replace(buffer, copies=max(pipeline) - pipeline[at_loop.index(cache)] + 1)
+        if buffer is not None and len(pipeline) == len(caches_at) + 1:  # the caches, then the block they feed
+            # TVM's InjectSoftwarePipeline keeps a tile from its stage to its reader's; two versions only where a
+            # reader comes before the writer, which is not read here: one, the smaller
+            versions = pipeline[-1] - pipeline[caches_at.index(cache)] + 1
+            buffer = dataclasses.replace(buffer, copies=versions if versions != 2 else 1)
         if buffer is not None:
             shared.setdefault(block, []).append(buffer)
     return threads, [Shared(tuple(buffers), max_shared) for buffers in shared.values()]
-
-
-def _footprint(task: Any, block_name: str, read: int, tiles: dict[int, Factor]) -> SharedBuffer | None:
-    """The shared tile of the block's ``read``-th operand, given the tile (the factors inside) of each of its loops."""
-    from tunecore.tvmjson import new_schedule
-
-    sch = new_schedule(task.mod, seed=1)
-    try:
-        block_rv = sch.get_sblock(block_name)
-    except Exception:  # TVM raises for a name the task does not have
-        return None
-    loops = sch.get_loops(block_rv)
-    realize = sch.get(loops[-1]).body if loops else None
-    block = sch.get(block_rv)
-    if realize is None or not hasattr(realize, "iter_values") or read >= len(block.reads):
-        return None
-    loop_vars = [sch.get(loop).loop_var.name for loop in loops]
-    loop_index: dict[str, int] = {}  # by name: a TVM variable's == builds an expression
-    domains: dict[str, tuple[int, int]] = {}
-    for iter_var, value in zip(block.iter_vars, realize.iter_values):
-        name, start = iter_var.var.name, int(iter_var.dom.min)
-        domains[name] = (start, start + int(iter_var.dom.extent) - 1)
-        if type(value).__name__ == "Var" and value.name in loop_vars:
-            loop_index[name] = loop_vars.index(value.name)
-    region = block.reads[read]
-    bits = re.search(r"(\d+)$", str(region.source.dtype))
-    dims = []
-    for r, size in zip(region.region, region.source.shape):
-        extent = int(r.extent) if _is_int(r.extent) else 1
-        affine = _affine(r.min, domains)
-        terms = [(c, tiles[loop_index[v]]) for v, c in (affine[0].items() if affine else ())
-                 if c and v in loop_index and loop_index[v] in tiles]
-        dims.append((extent, int(size), tuple(terms)))
-    return SharedBuffer(max(int(bits.group(1)) // 8, 1) if bits else 4, tuple(dims))
 
 
 def _merged(factors: Sequence[Factor]) -> tuple[Factor, ...]:
@@ -263,6 +256,48 @@ def _merged(factors: Sequence[Factor]) -> tuple[Factor, ...]:
     for f in factors:
         positions.setdefault(f.slot, []).extend(f.positions)
     return tuple(Factor(slot, tuple(sorted(p))) for slot, p in positions.items())
+
+
+def _footprint(task: Any, block_name: str, read: int, tiles: dict[int, Factor], loops_in_trace: int,
+               read_in_trace: str | None) -> SharedBuffer | None:
+    """The shared tile of the block's ``read``-th operand, given the tile (the factors inside) of each of its loops;
+    None where the task's function does not show the block as the trace had it."""
+    from tvm import DataType
+
+    from tunecore.tvmjson import new_schedule
+
+    sch = new_schedule(task.mod, seed=1)
+    try:
+        block_rv = sch.get_sblock(block_name)
+    except Exception:  # TVM raises for a name the task does not have
+        return None
+    loops = sch.get_loops(block_rv)
+    block = sch.get(block_rv)
+    realize = sch.get(loops[-1]).body if loops else None
+    if (len(loops) != loops_in_trace or not hasattr(realize, "iter_values") or read >= len(block.reads)
+            or str(block.reads[read]) != read_in_trace):
+        return None
+    loop_vars = [sch.get(loop).loop_var.name for loop in loops]
+    loop_index: dict[str, int] = {}  # by name: a TVM variable's == builds an expression
+    domains: dict[str, tuple[int, int]] = {}
+    for iter_var, value in zip(block.iter_vars, realize.iter_values):
+        if not (_is_int(iter_var.dom.min) and _is_int(iter_var.dom.extent)):
+            return None
+        name, start = iter_var.var.name, int(iter_var.dom.min)
+        domains[name] = (start, start + int(iter_var.dom.extent) - 1)
+        if type(value).__name__ == "Var" and value.name in loop_vars:
+            loop_index[name] = loop_vars.index(value.name)
+    region = block.reads[read]
+    if not all(_is_int(size) for size in region.source.shape):
+        return None
+    dims = []
+    for r, size in zip(region.region, region.source.shape):
+        affine = _affine(r.min, domains)  # not affine: the region's extent alone, less than the truth
+        terms = [(c, tiles[loop_index[v]]) for v, c in (affine[0].items() if affine else ())
+                 if c and v in loop_index and loop_index[v] in tiles]
+        dims.append(Dim(int(r.extent) if _is_int(r.extent) else 1, int(size), tuple(terms)))
+    dtype = DataType(str(region.source.dtype))
+    return SharedBuffer(dtype.bits * dtype.lanes, tuple(dims))
 
 
 def _is_int(expr: Any) -> bool:

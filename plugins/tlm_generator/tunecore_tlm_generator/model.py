@@ -324,8 +324,11 @@ def generate(model: GPT, vocab: Vocabulary, prompt: SketchPrompt, count: int, te
             if step is None:
                 continue
             allowed, slot = step
-            if len(allowed) > 1 and kept[i].get(slot) and kept[i][slot][0] in allowed:
-                chosen[i] = kept[i][slot].pop(0)
+            if len(allowed) > 1 and kept[i].get(slot):
+                if kept[i][slot][0] in allowed:
+                    chosen[i] = kept[i][slot].pop(0)
+                else:  # the GPU's limits rule out what the slot kept, after the rewritten ones: the model writes it
+                    del kept[i][slot]
             if len(allowed) > 1 and slot < len(prompt.slots) and prompt.slots[slot].kind == "SampleComputeLocation":
                 ranked = sorted(allowed, key=lambda t: -float(probs[i, t]))
                 locations[i][slot] = vocab.decode_numbers([t for t in ranked if t != chosen[i]])

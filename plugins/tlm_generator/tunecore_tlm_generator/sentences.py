@@ -87,7 +87,10 @@ class Slot:
         remaining = self.extent
         for factor in chosen:
             remaining //= factor
-        i = len(chosen)
+        return self.tile_choices(len(chosen), remaining, inner_first)
+
+    def tile_choices(self, i: int, remaining: int, inner_first: bool = False) -> list[int]:
+        """A tile's values for its i-th number written, ``remaining`` of the loop left by the numbers before."""
         if i == self.n - 1:
             return [remaining]
         limit = self.max_innermost if self.max_innermost > 0 else remaining

@@ -40,11 +40,15 @@ def probe(space: Any, index: int) -> SketchPrompt:
     if kinds - set(SAMPLING):
         raise Unexpressible(f"sketch {index} samples with {sorted(kinds - set(SAMPLING))}")
     slots: list[Slot] = []
+    read_at_cache: dict[int, str] = {}  # a CacheRead's index -> the region its block reads then (gpu_limits)
+    replayed = iter(range(len(insts)))
 
     def provider(sch: Any, inst: Any, inputs: Any, attrs: Any, decision: Any) -> Any:
-        kind = inst.kind.name
+        kind, index = inst.kind.name, next(replayed, -1)
         if kind in SAMPLING:
             slots.append(_slot(sch, kind, inputs, attrs))
+        elif kind == "CacheRead" and int(attrs[0]) < len(sch.get(inputs[0]).reads):
+            read_at_cache[index] = str(sch.get(inputs[0]).reads[int(attrs[0])])
         return decision
 
     sch, reason = space.apply_explained(trace, keep_decisions=True, postprocs=[_NoPostproc()],
@@ -56,7 +60,7 @@ def probe(space: Any, index: int) -> SketchPrompt:
     for slot in slots:  # raises for a number the vocabulary cannot write
         numbers.encode(slot.forced_words())
     words = task_words(space.task) + ["SKETCH"] + skeleton_words(insts)
-    threads, shared = derive(space.task, insts, {inst: slot for slot, inst in enumerate(sampled)})
+    threads, shared = derive(space.task, insts, {inst: slot for slot, inst in enumerate(sampled)}, read_at_cache)
     return SketchPrompt(index, words, slots, sampled, len(insts), skeleton_id(insts),
                         Limits(slots, threads, shared) if threads or shared else None)
 
