@@ -263,10 +263,9 @@ def _footprint(task: Any, block_name: str, read: int, tiles: dict[int, Factor], 
     """The shared tile of the block's ``read``-th operand, given the tile (the factors inside) of each of its loops;
     None where the task's function does not show the block as the trace had it."""
     from tvm import DataType
+    from tvm.s_tir.schedule import Schedule
 
-    from tunecore.tvmjson import new_schedule
-
-    sch = new_schedule(task.mod, seed=1)
+    sch = Schedule(task.mod, debug_mask=0)  # only read: the block as the task's function has it
     try:
         block_rv = sch.get_sblock(block_name)
     except Exception:  # TVM raises for a name the task does not have
