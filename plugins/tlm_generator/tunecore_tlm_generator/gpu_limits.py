@@ -104,10 +104,9 @@ class Limits:
     def _feasible(self, decided: Sequence[Sequence[int]], prefix: tuple[int, ...], inner_first: bool) -> bool:
         """Whether, after the ``decided`` slots and ``prefix`` of the next, some completion can meet each limit."""
         def bounds(factor: Factor) -> tuple[int, int]:
-            if factor.slot < len(decided):
-                return _range(self.slots[factor.slot], tuple(decided[factor.slot]), factor.positions, inner_first)
-            start = prefix if factor.slot == len(decided) else ()
-            return _range(self.slots[factor.slot], start, factor.positions, inner_first)
+            slot = factor.slot
+            start = tuple(decided[slot]) if slot < len(decided) else prefix if slot == len(decided) else ()
+            return _range(self.slots[slot], start, factor.positions, inner_first)
 
         for limit in self.threads:
             ranges = [bounds(f) for f in limit.factors]
@@ -227,6 +226,9 @@ def derive(task: Any, insts: Sequence[Any], slot_of: dict[int, int],
             threads.append(Threads(_merged([split[loop][2] for loop in loops]), low,
                                    min(annotations.get((block, _HIGH), max_threads), max_threads)))
 
+    from tvm.s_tir.schedule import Schedule
+
+    function = Schedule(task.mod, debug_mask=0)  # only read: the blocks as the task's function has them
     shared: dict[str, list[SharedBuffer]] = {}
     per_block = [loop for kind, loops in bound if kind in _PER_BLOCK for loop in loops if loop in split]
     for cache, at in computed_at:
@@ -237,7 +239,7 @@ def derive(task: Any, insts: Sequence[Any], slot_of: dict[int, int],
         inside = [split[loop] for loop in dict.fromkeys(order[order.index(at) + 1:] + per_block) if loop in split]
         tiles = {k: _merged([f for b, j, f in inside if b == block and j == k])[0]
                  for k in {j for b, j, _ in inside if b == block}}
-        buffer = _footprint(task, block, read, tiles, loop_count[block], read_at_cache.get(index))
+        buffer = _footprint(function, block, read, tiles, loop_count[block], read_at_cache.get(index))
         caches_at = [c for c, loop in computed_at if loop == at]
         pipeline = stages.get(at, [])
         if buffer is not None and len(pipeline) == len(caches_at) + 1:  # the caches, then the block they feed
@@ -258,14 +260,12 @@ def _merged(factors: Sequence[Factor]) -> tuple[Factor, ...]:
     return tuple(Factor(slot, tuple(sorted(p))) for slot, p in positions.items())
 
 
-def _footprint(task: Any, block_name: str, read: int, tiles: dict[int, Factor], loops_in_trace: int,
+def _footprint(sch: Any, block_name: str, read: int, tiles: dict[int, Factor], loops_in_trace: int,
                read_in_trace: str | None) -> SharedBuffer | None:
-    """The shared tile of the block's ``read``-th operand, given the tile (the factors inside) of each of its loops;
-    None where the task's function does not show the block as the trace had it."""
+    """The shared tile of the block's ``read``-th operand, given the tile (the factors inside) of each of its loops,
+    read from ``sch``, the task's function unscheduled; None where it does not show the block as the trace had it."""
     from tvm import DataType
-    from tvm.s_tir.schedule import Schedule
 
-    sch = Schedule(task.mod, debug_mask=0)  # only read: the block as the task's function has it
     try:
         block_rv = sch.get_sblock(block_name)
     except Exception:  # TVM raises for a name the task does not have
