@@ -36,8 +36,11 @@ def batch(tmp_path_factory):
 def test_a_batch_is_timed_with_the_runtime_alone_checked_and_imported_as_rows(batch, tmp_path):
     summary = run_batch_runtime_only(batch)
     assert summary == {"device": summary["device"], "programs": 5, "failed": 0, "cubins": None}
-    results = json.load(open(batch / "results.json"))["results"]
+    timed = json.load(open(batch / "results.json"))
+    results = timed["results"]
     assert all(len(r["run_secs"]) == 5 and r["max_relative_error"] < 1e-5 for r in results.values())
+    # kernels on as many threads as the target has cores (TVM's runtime alone would take half the CPUs on x86)
+    assert timed["threads"] == json.load(open(batch / "manifest.json"))["target"]["num-cores"]
     assert run_batch_runtime_only(batch)["programs"] == 5  # resumes: nothing timed twice
     dataset = tmp_path / "d.parquet"
     out = cli_json(run_cli("dataset", "import-batch", str(batch), "--out", str(dataset), "--json"))
@@ -61,6 +64,20 @@ def test_a_batch_is_timed_with_the_runtime_alone_checked_and_imported_as_rows(ba
     assert again["added"] == 0 and again["second_labels"] == len(clean)
     labelled = [r for r in Dataset.load(str(dataset)).rows if "label.second" in r.profile]
     assert len(labelled) == again["second_labels"]
+
+
+def test_a_round_from_a_store_builds_only_programs_not_measured_before(batch, tmp_path):
+    """The next batch of a search in rounds: its store holds the first batch's records (timed, imported into a
+    dataset, then into the store), and none of those programs is built again."""
+    run_batch_runtime_only(batch)
+    dataset, store = tmp_path / "d.parquet", tmp_path / "s.db"
+    cli_json(run_cli("dataset", "import-batch", str(batch), "--out", str(dataset), "--json"))
+    assert run_cli("dataset", "import", str(dataset), "--store", f"sqlite:{store}").returncode == 0
+    out = cli_json(run_cli("dataset", "export-batch", "--model", "op:matmul-64", "--target", "llvm", "--per-task",
+                           "5", "--store", f"sqlite:{store}", "--out", str(tmp_path / "next"), "--json"))
+    assert out["measured_before"] == 5 and out["built"] == 5
+    keys = [{p["key"] for p in json.load(open(d / "manifest.json"))["programs"]} for d in (batch, tmp_path / "next")]
+    assert len(keys[1]) == 5 and not keys[0] & keys[1]
 
 
 def test_a_program_whose_outputs_differ_from_the_reference_is_a_failed_result(batch, tmp_path):
@@ -87,7 +104,16 @@ def test_batch_commands_refuse_bad_input(tmp_path, batch):
                                    "--per-task", "1", "--out", str(batch)), "a batch is there already")
     assert_one_line_exit_2(run_cli("dataset", "export-batch", "--model", "op:matmul-64", "--target", "llvm",
                                    "--per-task", "1", "-O", "search.x=1", "--out", str(tmp_path / "o")),
-                           "random samples take none")
+                           "random samples take neither")
+    assert_one_line_exit_2(run_cli("dataset", "export-batch", "--model", "op:matmul-64", "--target", "llvm",
+                                   "--per-task", "1", "--cost-model", "xgb", "--out", str(tmp_path / "o")),
+                           "random samples take neither")
+    assert_one_line_exit_2(run_cli("dataset", "export-batch", "--model", "op:matmul-64", "--target", "llvm",
+                                   "--per-task", "1", "--search", "nosuch", "--out", str(tmp_path / "o")),
+                           "--search nosuch: not installed")
+    assert_one_line_exit_2(run_cli("dataset", "export-batch", "--model", "op:matmul-64", "--target", "llvm",
+                                   "--per-task", "1", "--store", str(tmp_path / "none.db"), "--out",
+                                   str(tmp_path / "o")), "no such store")
     fresh = tmp_path / "untimed"
     cli_json(run_cli("dataset", "export-batch", "--model", "op:matmul-64", "--target", "llvm", "--per-task", "1",
                      "--out", str(fresh), "--json"))

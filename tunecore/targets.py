@@ -81,7 +81,12 @@ def use_target_threads(target: Any) -> int:
     hyper-threading; on a machine without it, parallel kernels silently run on half the cores.
     Call before the first kernel runs: the pool reads the variable once. A user's setting wins.
     """
-    cores = int(target.attrs.get("num-cores", 0)) if target.kind.name == "llvm" else 0
+    return use_threads(int(target.attrs.get("num-cores", 0)) if target.kind.name == "llvm" else 0)
+
+
+def use_threads(cores: int) -> int:
+    """use_target_threads with the target's core count (0: this machine's physical cores); for a process that has
+    TVM's runtime alone (no Target to read)."""
     # a value tunecore set earlier (here or in a parent process) is not the user's
     if "TVM_NUM_THREADS" not in os.environ or os.environ.get("TUNECORE_SET_TVM_NUM_THREADS"):
         os.environ["TVM_NUM_THREADS"] = str(cores or physical_cores())

@@ -116,7 +116,7 @@ class Tuner:
         run_id = self.store.start_run(dict(info, device=device))
         run = dict(info, run_id=run_id, device=device)
         self.hooks.tunecore_on_run_start(run=run, tasks=list(tasks))
-        self._warm_start(states)
+        warm_start(self.cost_model, self.store, [(state.task, state.history) for state in states])
         scheduler = SCHEDULERS[self.scheduler_name](states, seed=derive_seed(self.seed, "scheduler"))
         measured = errors = 0
         self.phase_seconds = dict.fromkeys(PHASES, 0.0)
@@ -156,15 +156,6 @@ class Tuner:
                 state.done_reason = None
             states.append(state)
         return states
-
-    def _warm_start(self, states: list[TaskState]) -> None:
-        """Teach the cost model what the store already knows about these tasks (on whichever device)."""
-        devices = self.store.devices()
-        self.cost_model.update_all([
-            (state.task, [r.candidate(state.task) for r in state.history],
-             [r.result(devices.get(r.device_id)) for r in state.history])
-            for state in states if state.history
-        ])
 
     def _round(self, state: TaskState, n: int, trial_base: int, run_id: int) -> list[Record]:
         task = state.task
@@ -210,6 +201,15 @@ class Tuner:
         now = time.perf_counter()
         self.phase_seconds[phase] += now - since
         return now
+
+
+def warm_start(cost_model: CostModel, store: RecordStore, histories: Sequence[tuple[Task, list[Record]]]) -> None:
+    """Teach the cost model what the store already knows about these tasks (their records, on whichever device)."""
+    devices = store.devices()
+    cost_model.update_all([
+        (task, [r.candidate(task) for r in history], [r.result(devices.get(r.device_id)) for r in history])
+        for task, history in histories if history
+    ])
 
 
 def run_key(info: dict[str, Any]) -> str | None:

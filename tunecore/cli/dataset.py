@@ -76,9 +76,15 @@ def add_commands(register: Any) -> None:
     batch.add_argument("--per-task", type=count(1), required=True, help="programs per task")
     batch.add_argument("--search", default="random",
                        help="who writes the programs: random (uniform samples, default) or a search policy, whose "
-                            "first batch with nothing measured is taken (e.g. tlm)")
+                            "next batch is taken (e.g. tlm; ansor with --cost-model and --store)")
+    batch.add_argument("--cost-model", default="none",
+                       help="the search's cost model, trained first on the --store's records (default: none)")
+    batch.add_argument("--store", "-s", default=None,
+                       help="record store with these tasks' records for this target (earlier batches, timed and "
+                            "imported: `tunecore dataset import`): the batch is the search's next round, and no "
+                            "program measured before is built again")
     batch.add_argument("--option", "-O", action="append", metavar="ROLE.KEY=VALUE",
-                       help="the search's options, as for `run`, e.g. -O search.weights=FILE")
+                       help="the search's and cost model's options, as for `run`, e.g. -O search.weights=FILE")
     batch.add_argument("--kernels", type=names, default=[], help="only tasks of these operators (as for `collect`)")
     batch.add_argument("--out", "-o", required=True, help="the batch directory (created)")
     add_seed(batch, "the random programs")
@@ -267,6 +273,7 @@ def _merge(args: argparse.Namespace) -> int:
 
 
 def _export_batch(args: argparse.Namespace) -> int:
+    from tunecore import api
     from tunecore.dataset.batch import export_batch
     from tunecore.options import parse_options
     from tunecore.registry import Registry
@@ -277,14 +284,25 @@ def _export_batch(args: argparse.Namespace) -> int:
         raise UsageError(f"--out {args.out}: a batch is there already (time it, or choose another directory)")
     target = resolve_target(args.target)
     registry = Registry.shared()
-    if args.search == "random" and args.option:
-        raise UsageError("-O: options are for a search policy's programs (--search NAME); random samples take none")
-    if args.search != "random" and args.search not in registry.names("search"):
-        raise UsageError(f"--search {args.search}: not installed (installed: {', '.join(registry.names('search'))})")
-    options = parse_options(args.option, [args.search])
-    report = _with_progress(args, lambda on_progress: export_batch(
-        args.out, expand_models(args.model), target, args.per_task, kernels=tuple(args.kernels), seed=args.seed,
-        search=args.search, options=options, registry=registry, on_progress=on_progress))
+    if args.search == "random" and (args.option or args.cost_model != "none"):
+        raise UsageError("-O, --cost-model: for a search policy's programs (--search NAME); random samples take "
+                         "neither")
+    for role, name in (("search", args.search), ("cost_model", args.cost_model)):
+        if name not in registry.names(role) and not (role == "search" and name == "random"):
+            raise UsageError(f"--{role.replace('_', '-')} {name}: not installed (installed: "
+                             f"{', '.join(registry.names(role))})")
+    if args.search != "random":
+        registry.check_target(target, search=args.search, cost_model=args.cost_model)
+    options = parse_options(args.option, [args.search, args.cost_model])
+    store = api.open_store(args.store, registry, create=False) if args.store else None
+    try:
+        report = _with_progress(args, lambda on_progress: export_batch(
+            args.out, expand_models(args.model), target, args.per_task, kernels=tuple(args.kernels), seed=args.seed,
+            search=args.search, cost_model=args.cost_model, store=store, options=options, registry=registry,
+            on_progress=on_progress))
+    finally:
+        if store is not None:
+            store.close()
     render.fields({**report, "next": f"python -m tunecore.measure.batch {args.out}  (on the device)"}, args.json)
     return 0
 

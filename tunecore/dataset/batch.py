@@ -11,30 +11,41 @@ from tunecore.measure.batch import MANIFEST, PROFILES, device_kernels, read_resu
 
 
 def export_batch(directory: str, workloads: list[str], target: Any, per_task: int, *, kernels: tuple[str, ...] = (),
-                 seed: int = 0, search: str = "random", options: dict | None = None, registry: Any = None,
-                 on_progress: Any = None) -> dict[str, Any]:
+                 seed: int = 0, search: str = "random", cost_model: str = "none", store: Any = None,
+                 options: dict | None = None, registry: Any = None, on_progress: Any = None) -> dict[str, Any]:
     """Build ``per_task`` programs of every task of ``workloads`` for ``target`` into ``directory``, with each task's
     reference outputs (its unscheduled program run here on the host CPU): uniform samples of its design space, or
-    with another ``search`` the first batch that policy proposes with nothing measured (``options``: as for `run`,
-    {role or name: {key: value}}; e.g. tlm's programs, to be timed where TVM's compiler is not)."""
+    the batch another ``search`` proposes (``options``: as for `run`, {role or name: {key: value}}; e.g. tlm's
+    programs, to be timed where TVM's compiler is not).
+
+    With ``store`` (a RecordStore holding these tasks' records for ``target``: earlier batches, timed and imported),
+    the batch is the next round of a search whose measurements are made elsewhere: ``cost_model`` learns from every
+    task's records first, as at the start of a run, the search starts each task from them, and no program measured
+    before is built again (random samples skip them too)."""
     import dataclasses
     import shutil
 
     import tvm
 
+    from tunecore.api import _construct
     from tunecore.check import weight_arguments, written_arguments
     from tunecore.dataset.table import DatasetTask
     from tunecore.measure import worker
     from tunecore.measure.local import LocalBuilder
+    from tunecore.options import options_for
     from tunecore.progress import Progress
+    from tunecore.registry import Registry
     from tunecore.roles import Artifact
     from tunecore.space import DesignSpace
     from tunecore.targets import host_target
+    from tunecore.tuner import warm_start
     from tunecore.tvmjson import target_to_json
     from tunecore.workloads import extract_tasks, has_kernel, load_workload
 
     os.makedirs(directory, exist_ok=True)
     host = host_target()
+    registry = registry or Registry.shared()
+    model = _construct(registry, "cost_model", cost_model, seed=seed, **options_for(options, "cost_model", cost_model))
     builder, host_builder = LocalBuilder(target), LocalBuilder(host)
     tasks: dict[str, dict] = {}
     programs: list[dict] = []
@@ -42,6 +53,10 @@ def export_batch(directory: str, workloads: list[str], target: Any, per_task: in
     try:
         found = [t for spec in workloads for t in extract_tasks(load_workload(spec), target)
                  if not kernels or has_kernel(t.kernel_class, kernels)]
+        history = {t.task_id: store.records(t.task_id) for t in found} if store is not None else {}
+        if any(history.values()):
+            model.device = _device_of(store, [r for records in history.values() for r in records])
+            warm_start(model, store, [(t, history[t.task_id]) for t in found])
         for n, task in enumerate(found):
             key = task.workload_hash
             if key in tasks:
@@ -54,11 +69,12 @@ def export_batch(directory: str, workloads: list[str], target: Any, per_task: in
                                       written_arguments(task.mod), os.path.join(directory, reference))
             tasks[key] = {"args": task.args, "weights": weights, "reference": reference,
                           "task": dataclasses.asdict(DatasetTask.of(task))}
+            measured = history.get(task.task_id, [])
             if search == "random":
-                candidates = DesignSpace(task, seed).sample_new(per_task, (), "random")
+                candidates = DesignSpace(task, seed).sample_new(per_task, {r.key for r in measured}, "random")
             else:
                 name = task.name if task.name not in written else f"{task.name} ({key[:8]})"  # two networks' names
-                candidates, report = _proposed(task, per_task, seed, search, options, registry)
+                candidates, report = _proposed(task, per_task, seed, search, options, registry, model, measured)
                 written[name] = {**report, "task_key": key}
             for candidate, artifact in zip(candidates, builder.build([tvm.ir.save_json(c.mod) for c in candidates])):
                 program = {"id": f"{key}-{candidate.key}", "task": key, "key": candidate.key,
@@ -76,36 +92,46 @@ def export_batch(directory: str, workloads: list[str], target: Any, per_task: in
     finally:
         builder.close()
         host_builder.close()
+        model.close()
     write_manifest(directory, target_to_json(target), tasks,
-                   [p for p in programs if "library" in p] + [p for p in programs if "library" not in p])
+                   [p for p in programs if "library" in p] + [p for p in programs if "library" not in p],
+                   search=search)
     return {"tasks": len(tasks), "programs": len(programs), "built": sum("library" in p for p in programs),
-            **({"search": search, "written": written} if search != "random" else {})}
+            **({"measured_before": sum(map(len, history.values()))} if store is not None else {}),
+            **({"search": search, "cost_model": cost_model, "written": written} if search != "random" else {})}
 
 
-def _proposed(task: Any, n: int, seed: int, search_name: str, options: dict | None,
-              registry: Any) -> tuple[list[Any], dict]:
-    """The first ``n`` candidates ``search_name`` proposes for ``task`` with nothing measured (no cost model), and
-    its report of the task."""
+def _device_of(store: Any, records: list[Any]) -> dict | None:
+    """The device most of ``records`` were measured on: the one the batch's cost model predicts for."""
+    import collections
+
+    counts = collections.Counter(r.device_id for r in records if r.device_id)
+    return store.devices().get(counts.most_common(1)[0][0]) if counts else None
+
+
+def _proposed(task: Any, n: int, seed: int, search_name: str, options: dict | None, registry: Any,
+              cost_model: Any, history: list[Any]) -> tuple[list[Any], dict]:
+    """The ``n`` candidates ``search_name`` proposes for ``task`` (none of them in ``history``, its records so far)
+    asking ``cost_model``, and its report of the task."""
     from tunecore.api import _construct
+    from tunecore.data import distinct
     from tunecore.options import options_for
-    from tunecore.registry import Registry
     from tunecore.roles import TaskContext
     from tunecore.space import DesignSpace
     from tunecore.store.sqlite import MemoryStore
     from tunecore.tuner import derive_seed
 
-    registry = registry or Registry.shared()
     task_seed = derive_seed(seed, task.workload_hash, search_name)
-    store, cost_model = MemoryStore(), _construct(registry, "cost_model", "none", seed=task_seed)
+    store = MemoryStore()
     search = _construct(registry, "search", search_name, cost_model=cost_model, store=store, seed=task_seed,
                         **options_for(options, "search", search_name))
+    measured = {r.key for r in history}
     try:
         store.put_tasks([task])
-        search.start_task(TaskContext(task, DesignSpace(task, seed=task_seed), task_seed, set(), []))
-        return search.propose(task, n), search.task_report(task)
+        search.start_task(TaskContext(task, DesignSpace(task, seed=task_seed), task_seed, measured, history))
+        return distinct(search.propose(task, n), measured)[:n], search.task_report(task)
     finally:
         search.close()
-        cost_model.close()
         store.close()
 
 
@@ -151,7 +177,8 @@ def import_batch(directory: str, dataset_path: str) -> dict[str, Any]:
 
                 profile[CHECKED] = result["max_relative_error"]
             row = Measurement(task.key, program["key"], program["trace"], device_id, target_json, result["run_secs"],
-                              result["error"], program.get("build_secs", 0.0), profile, program["origin"], "random")
+                              result["error"], program.get("build_secs", 0.0), profile, program["origin"],
+                              manifest.get("search", "random"))
             if dataset.add(row):
                 counts["added"] += 1
                 counts["failed"] += row.error is not None

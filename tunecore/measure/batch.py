@@ -31,14 +31,15 @@ CUBINS = "cubins"
 CHUNK = 128  # programs compiled, then timed, at a time
 
 
-def write_manifest(directory: str, target_json: str, tasks: dict[str, dict], programs: list[dict]) -> None:
+def write_manifest(directory: str, target_json: str, tasks: dict[str, dict], programs: list[dict],
+                   search: str = "random") -> None:
     """``tasks``: task key -> {"args": the task's argument infos, "weights": weight positions, "reference": the
     .npz of its outputs (a file name in ``directory``) or None}; ``programs``: {"id", "task", "library" (a file
-    name in ``directory``), "args": the library's argument infos, "packing"}. Written whole or not at all: a
-    pipeline waits for the file to appear before it times the batch."""
+    name in ``directory``), "args": the library's argument infos, "packing"}; ``search``: the policy that wrote
+    them. Written whole or not at all: a pipeline waits for the file to appear before it times the batch."""
     path = os.path.join(directory, MANIFEST)
     with open(path + ".tmp", "w") as f:
-        json.dump({"target": json.loads(target_json), "tasks": tasks, "programs": programs}, f)
+        json.dump({"target": json.loads(target_json), "tasks": tasks, "programs": programs, "search": search}, f)
     os.replace(path + ".tmp", path)
 
 
@@ -228,6 +229,7 @@ def run_batch(directory: str, *, repeat: int = 5, min_repeat_ms: float = 20.0, m
     (tunecore.dataset.protocol's ``label.*`` entries). CUDA is compiled ahead by ``compile_workers`` processes
     (default: the cores less one); after ``limit_s`` seconds the run stops and saves (run it again to resume)."""
     from tunecore.dataset.protocol import ForeignLoad
+    from tunecore.targets import use_threads
 
     started = time.perf_counter()
     manifest, kind, device, cubins = _open_batch(directory)
@@ -235,6 +237,8 @@ def run_batch(directory: str, *, repeat: int = 5, min_repeat_ms: float = 20.0, m
         raise RuntimeError(f"there is no {kind} device on this machine")
     done = read_results(directory)
     done["device"] = describe_device(kind, device)
+    if kind == "llvm":  # a CPU batch's kernels on as many threads as its target has cores, as a network runs them
+        done["threads"] = use_threads(int(manifest["target"].get("num-cores", 0)))
     references: dict[str, tuple[list, dict[int, Any]] | None] = {}
     todo = [p for p in manifest["programs"] if "library" in p and p["id"] not in done["results"]]
     try:

@@ -1,0 +1,168 @@
+"""A network tuned in rounds of batches, as on a device without TVM's compiler, against uniform batches of the
+same sizes and against `tunecore run` at the same number of trials; each built from its store and timed together.
+
+A round of an arm: `tunecore dataset export-batch --per-task N --seed R --store S [--search ansor --cost-model xgb]`
+builds the round's programs (none measured before), `python -m tunecore.measure.batch DIR` times them (the device's
+part), `tunecore dataset import-batch` and `tunecore dataset import` put them into the arm's dataset and store S.
+The two batch arms share their first round (uniform samples); after it, one draws uniform samples again and the other
+takes what ansor's search proposes with xgb learned from the store. `tunecore run` gets as many trials as the uniform
+arm built in all. Then, in this process, the network is built untuned and from each store (what `tunecore compile`
+builds), outputs are checked against the untuned build's, and all builds are timed in alternating passes.
+
+    python bench/batch_rounds.py [--model zoo:resnet-18] [--rounds 3] [--per-task 16] [--target llvm]
+
+Resumable: every step's output is kept in --work. Writes bench/results/batch_rounds.{json,md}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from tunecore import experiments
+from tunecore.experiments import command_line, environment, write_results
+
+RANDOM, SEARCH, ONLINE = "uniform batches", "ansor+xgb batches", "ansor+xgb run"
+
+
+def main() -> None:
+    parser = experiments.script_parser(__doc__, __file__)
+    parser.add_argument("--model", default="zoo:resnet-18")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--per-task", type=int, default=16)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--passes", type=int, default=5)
+    parser.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "tunecore-bench-batch-rounds"))
+    args = parser.parse_args()
+    if args.rounds < 2 or args.per_task < 1:
+        parser.error("--rounds: at least 2 (a first uniform round, then the search's); --per-task: at least 1")
+    os.makedirs(args.work, exist_ok=True)
+    stores = {arm: os.path.join(args.work, f"{slug(arm)}.db") for arm in (RANDOM, SEARCH, ONLINE)}
+    rounds: dict[str, list[dict]] = {RANDOM: [], SEARCH: []}
+    for r in range(args.rounds):
+        for arm in (RANDOM, SEARCH):
+            shared = r == 0 and arm == SEARCH  # the first round is the uniform arm's, imported into both
+            directory = os.path.join(args.work, f"{slug(RANDOM if shared else arm)}-{r}")
+            search = ["--search", "ansor", "--cost-model", "xgb"] if arm == SEARCH and r > 0 else []
+            first = rounds[RANDOM][0] if shared else None
+            rounds[arm].append(batch_round(args, directory, stores[arm], r, search, first))
+            print(f"  {arm} round {r}: {rounds[arm][-1]}", file=sys.stderr, flush=True)
+    trials = sum(r["programs"] for r in rounds[RANDOM])
+    online = experiments.cached_run(
+        os.path.join(args.work, "runs.json"), f"{args.model} {trials} {args.seed}",
+        lambda: experiments.run_tunecore(args.model, trials, args.seed, search="ansor", cost_model="xgb",
+                                         store=f"sqlite:{stores[ONLINE]}"))
+    print("building and timing ...", file=sys.stderr, flush=True)
+    timed = experiments.time_builds_together(args.model, stores, args.passes)
+    report = {"benchmark": "batch_rounds", "model": args.model, "rounds": args.rounds, "per_task": args.per_task,
+              "seed": args.seed, "passes": args.passes, "batch_rounds": rounds, "run": online, "builds": timed,
+              "environment": environment(), "command": command_line("batch_rounds.py")}
+    write_results(args.out, "batch_rounds", report, markdown(report))
+
+
+def slug(arm: str) -> str:
+    return arm.replace("+", "-").replace(" ", "-")
+
+
+def batch_round(args, directory: str, store: str, r: int, search: list[str], shared: dict | None) -> dict:
+    """One round of an arm (resumed where it stopped): its batch built, timed and imported; what it cost and the
+    arm's estimated latency after it."""
+    done_path = os.path.join(directory, "round.json")
+    if shared is None and os.path.exists(done_path):
+        done = json.load(open(done_path))
+    else:
+        done = dict(shared or {})
+        if shared is None:
+            built = tunecore("dataset", "export-batch", "--model", args.model, "--target", "llvm", "--per-task",
+                             str(args.per_task), "--seed", str(args.seed + r), "--out", directory,
+                             *(["--store", f"sqlite:{store}"] if r > 0 else []), *search, "--json")
+            timed = tunecore_module("tunecore.measure.batch", directory)
+            done = {"programs": built["out"]["programs"], "built": built["out"]["built"], "export_s": built["wall_s"],
+                    "time_s": timed["wall_s"], "failed": timed["out"]["failed"]}
+        dataset = store[:-3] + ".parquet"
+        tunecore("dataset", "import-batch", directory, "--out", dataset, "--json")
+        subprocess.run([sys.executable, "-m", "tunecore.cli", "dataset", "import", dataset, "--store",
+                        f"sqlite:{store}"], check=True, capture_output=True)
+        done["estimated_ms"] = estimated_ms(args.model, store)
+        if shared is None:
+            with open(done_path, "w") as f:
+                json.dump(done, f)
+    return done
+
+
+def tunecore(*argv: str) -> dict:
+    return tunecore_module("tunecore.cli", *argv)
+
+
+def tunecore_module(module: str, *argv: str) -> dict:
+    """A tunecore command's last line of output as JSON, and its wall seconds."""
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", module, *argv], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{module} {' '.join(argv)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    text = done.stdout.strip()
+    out = json.loads(text) if text.startswith("{") and text.endswith("}") else json.loads(text.splitlines()[-1])
+    return {"out": out, "wall_s": round(time.perf_counter() - started, 1)}
+
+
+def estimated_ms(model: str, store_file: str) -> float | None:
+    """Sum over the network's tasks of weight x best latency in the store (None while a task has none)."""
+    from tunecore.store.sqlite import SqliteStore
+    from tunecore.targets import resolve_target
+    from tunecore.workloads import extract_tasks, load_workload
+
+    store = SqliteStore(store_file)
+    try:
+        best = [(t.weight, store.best(t.task_id)) for t in extract_tasks(load_workload(model), resolve_target("llvm"))]
+    finally:
+        store.close()
+    return None if not all(b for _, b in best) else 1e3 * sum(w * b[0].latency for w, b in best)
+
+
+def markdown(report: dict) -> str:
+    builds = report["builds"]
+    untuned = builds["untuned"]["latency_ms"]
+    lines = [
+        f"# {report['model']}: a search in rounds of batches against uniform batches and `tunecore run`",
+        "",
+        experiments.environment_line(report),
+        "",
+        f"{report['rounds']} rounds of {report['per_task']} programs per task; the batch arms share the first round "
+        "(uniform samples). A batch is built here and timed by `python -m tunecore.measure.batch` (the device's "
+        "part, here on the same CPU), so export s + time s is what a round costs. Estimated: sum of weight × best "
+        "kernel latency in the arm's store, by its own timer (the batch runner's or the run's local runner's: read "
+        f"across arms only the end-to-end column). End-to-end: median of {report['passes']} alternating passes over "
+        "all builds in one process; spread: min-max over passes.",
+        "",
+        "| arm | round | programs (failed) | export s | time s | estimated ms |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for arm, rounds in report["batch_rounds"].items():
+        for r, done in enumerate(rounds):
+            shared = arm == SEARCH and r == 0
+            lines.append(f"| {arm} | {r} | {done['programs']} ({done['failed']}) | "
+                         f"{'shared' if shared else round(done['export_s'])} | "
+                         f"{'shared' if shared else round(done['time_s'])} | {_ms(done['estimated_ms'])} |")
+    run = report["run"]
+    lines += [f"| {ONLINE} | - | {run['measured']} ({run['errors']}) | {run['wall_s']:.0f} (whole run) | - | "
+              f"{_ms(run['estimated_latency_ms'])} |", "",
+              "| build | end-to-end ms (min-max) | speedup over untuned | outputs |", "|---|---:|---:|---|"]
+    for name, b in builds.items():
+        check = ("reference" if name == "untuned" else
+                 f"{b['tasks_tuned']}/{b['tasks_total']} tuned, max rel. error {b['max_relative_error']:.1g}")
+        lines.append(f"| {name} | {b['latency_ms']:.2f} ({min(b['passes_ms']):.2f}-{max(b['passes_ms']):.2f}) | "
+                     f"{untuned / b['latency_ms']:.2f} | {check} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+if __name__ == "__main__":
+    main()
