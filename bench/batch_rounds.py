@@ -9,7 +9,7 @@ takes what ansor's search proposes with xgb learned from the store. `tunecore ru
 arm built in all. Then, in this process, the network is built untuned and from each store (what `tunecore compile`
 builds), outputs are checked against the untuned build's, and all builds are timed in alternating passes.
 
-    python bench/batch_rounds.py [--model zoo:resnet-18] [--rounds 3] [--per-task 16] [--target llvm]
+    python bench/batch_rounds.py [--model zoo:resnet-18] [--rounds 4] [--per-task 16] [--search-arm population=512]
 
 Resumable: every step's output is kept in --work. Writes bench/results/batch_rounds.{json,md}.
 """
@@ -32,22 +32,28 @@ RANDOM, SEARCH, ONLINE = "uniform batches", "ansor+xgb batches", "ansor+xgb run"
 def main() -> None:
     parser = experiments.script_parser(__doc__, __file__)
     parser.add_argument("--model", default="zoo:resnet-18")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--per-task", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--passes", type=int, default=5)
+    parser.add_argument("--search-arm", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
+                        help="one more arm of ansor+xgb batches with these search options, e.g. population=512")
     parser.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "tunecore-bench-batch-rounds"))
     args = parser.parse_args()
     if args.rounds < 2 or args.per_task < 1:
         parser.error("--rounds: at least 2 (a first uniform round, then the search's); --per-task: at least 1")
+    if not all("=" in kv for spec in args.search_arm for kv in spec.split(",")):
+        parser.error("--search-arm: KEY=VALUE[,KEY=VALUE...], e.g. population=512")
+    searches = {SEARCH: [], **{f"{SEARCH}, {spec}": [f"-Osearch.{kv}" for kv in spec.split(",")]
+                               for spec in args.search_arm}}
     os.makedirs(args.work, exist_ok=True)
-    stores = {arm: os.path.join(args.work, f"{slug(arm)}.db") for arm in (RANDOM, SEARCH, ONLINE)}
-    rounds: dict[str, list[dict]] = {RANDOM: [], SEARCH: []}
+    stores = {arm: os.path.join(args.work, f"{slug(arm)}.db") for arm in (RANDOM, *searches, ONLINE)}
+    rounds: dict[str, list[dict]] = {arm: [] for arm in (RANDOM, *searches)}
     for r in range(args.rounds):
-        for arm in (RANDOM, SEARCH):
-            shared = r == 0 and arm == SEARCH  # the first round is the uniform arm's, imported into both
+        for arm in rounds:
+            shared = r == 0 and arm != RANDOM  # the first round is the uniform arm's, imported into every arm
             directory = os.path.join(args.work, f"{slug(RANDOM if shared else arm)}-{r}")
-            search = ["--search", "ansor", "--cost-model", "xgb"] if arm == SEARCH and r > 0 else []
+            search = ["--search", "ansor", "--cost-model", "xgb", *searches[arm]] if arm != RANDOM and r > 0 else []
             first = rounds[RANDOM][0] if shared else None
             rounds[arm].append(batch_round(args, directory, stores[arm], r, search, first))
             print(f"  {arm} round {r}: {rounds[arm][-1]}", file=sys.stderr, flush=True)
@@ -65,7 +71,7 @@ def main() -> None:
 
 
 def slug(arm: str) -> str:
-    return arm.replace("+", "-").replace(" ", "-")
+    return "".join(c if c.isalnum() else "-" for c in arm)
 
 
 def batch_round(args, directory: str, store: str, r: int, search: list[str], shared: dict | None) -> dict:
@@ -87,8 +93,8 @@ def batch_round(args, directory: str, store: str, r: int, search: list[str], sha
         tunecore("dataset", "import-batch", directory, "--out", dataset, "--json")
         subprocess.run([sys.executable, "-m", "tunecore.cli", "dataset", "import", dataset, "--store",
                         f"sqlite:{store}"], check=True, capture_output=True)
-        done["estimated_ms"] = estimated_ms(args.model, store)
-        if shared is None:
+        if shared is None:  # a shared round's arm held what the uniform arm held after it: its estimate stands
+            done["estimated_ms"] = estimated_ms(args.model, store)
             with open(done_path, "w") as f:
                 json.dump(done, f)
     return done
@@ -143,7 +149,7 @@ def markdown(report: dict) -> str:
     ]
     for arm, rounds in report["batch_rounds"].items():
         for r, done in enumerate(rounds):
-            shared = arm == SEARCH and r == 0
+            shared = arm != RANDOM and r == 0
             lines.append(f"| {arm} | {r} | {done['programs']} ({done['failed']}) | "
                          f"{'shared' if shared else round(done['export_s'])} | "
                          f"{'shared' if shared else round(done['time_s'])} | {_ms(done['estimated_ms'])} |")
