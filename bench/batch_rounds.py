@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 
 from tunecore import experiments
 from tunecore.experiments import command_line, environment, write_results
@@ -91,8 +89,8 @@ def batch_round(args, directory: str, store: str, r: int, search: list[str], sha
                     "time_s": timed["wall_s"], "failed": timed["out"]["failed"]}
         dataset = store[:-3] + ".parquet"
         tunecore("dataset", "import-batch", directory, "--out", dataset, "--json")
-        subprocess.run([sys.executable, "-m", "tunecore.cli", "dataset", "import", dataset, "--store",
-                        f"sqlite:{store}"], check=True, capture_output=True)
+        experiments.run_timed([sys.executable, "-m", "tunecore.cli", "dataset", "import", dataset, "--store",
+                               f"sqlite:{store}"])
         if shared is None:  # a shared round's arm held what the uniform arm held after it: its estimate stands
             done["estimated_ms"] = estimated_ms(args.model, store)
             with open(done_path, "w") as f:
@@ -105,28 +103,31 @@ def tunecore(*argv: str) -> dict:
 
 
 def tunecore_module(module: str, *argv: str) -> dict:
-    """A tunecore command's last line of output as JSON, and its wall seconds."""
-    started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", module, *argv], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"{module} {' '.join(argv)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    text = done.stdout.strip()
+    """A tunecore command's output (one JSON object, or JSON on its last line) and its wall seconds."""
+    wall, stdout = experiments.run_timed([sys.executable, "-m", module, *argv])
+    text = stdout.strip()
     out = json.loads(text) if text.startswith("{") and text.endswith("}") else json.loads(text.splitlines()[-1])
-    return {"out": out, "wall_s": round(time.perf_counter() - started, 1)}
+    return {"out": out, "wall_s": round(wall, 1)}
 
 
 def estimated_ms(model: str, store_file: str) -> float | None:
-    """Sum over the network's tasks of weight x best latency in the store (None while a task has none)."""
+    """The network's estimated latency from the store's records, as `tunecore run` reports it
+    (tunecore.summary.estimated_latency); None while a task has no success."""
+    from tunecore.schedulers import TaskState
     from tunecore.store.sqlite import SqliteStore
+    from tunecore.summary import estimated_latency
     from tunecore.targets import resolve_target
     from tunecore.workloads import extract_tasks, load_workload
 
     store = SqliteStore(store_file)
     try:
-        best = [(t.weight, store.best(t.task_id)) for t in extract_tasks(load_workload(model), resolve_target("llvm"))]
+        states = [TaskState(t) for t in extract_tasks(load_workload(model), resolve_target("llvm"))]
+        for state in states:
+            state.add_round(store.records(state.task.task_id))
     finally:
         store.close()
-    return None if not all(b for _, b in best) else 1e3 * sum(w * b[0].latency for w, b in best)
+    total = estimated_latency(states)
+    return None if total is None else 1e3 * total
 
 
 def markdown(report: dict) -> str:

@@ -288,7 +288,7 @@ def _export_batch(args: argparse.Namespace) -> int:
         raise UsageError("-O, --cost-model: for a search policy's programs (--search NAME); random samples take "
                          "neither")
     for role, name in (("search", args.search), ("cost_model", args.cost_model)):
-        if name not in registry.names(role) and not (role == "search" and name == "random"):
+        if name not in registry.names(role):
             raise UsageError(f"--{role.replace('_', '-')} {name}: not installed (installed: "
                              f"{', '.join(registry.names(role))})")
     if args.search != "random":

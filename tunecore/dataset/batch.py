@@ -51,16 +51,16 @@ def export_batch(directory: str, workloads: list[str], target: Any, per_task: in
     programs: list[dict] = []
     written: dict[str, dict] = {}  # task name -> what the search says it did (its task_report) and the task's key
     try:
-        found = [t for spec in workloads for t in extract_tasks(load_workload(spec), target)
-                 if not kernels or has_kernel(t.kernel_class, kernels)]
-        history = {t.task_id: store.records(t.task_id) for t in found} if store is not None else {}
+        found: dict[str, Any] = {}  # a kernel two workloads share: once, as the first has it
+        for spec in workloads:
+            for t in extract_tasks(load_workload(spec), target):
+                if not kernels or has_kernel(t.kernel_class, kernels):
+                    found.setdefault(t.workload_hash, t)
+        history = {t.task_id: store.records(t.task_id) for t in found.values()} if store is not None else {}
         if any(history.values()):
             model.device = _device_of(store, [r for records in history.values() for r in records])
-            warm_start(model, store, [(t, history[t.task_id]) for t in found])
-        for n, task in enumerate(found):
-            key = task.workload_hash
-            if key in tasks:
-                continue
+            warm_start(model, store, [(t, history[t.task_id]) for t in found.values()])
+        for n, (key, task) in enumerate(found.items()):
             reference, weights = None, weight_arguments(task.mod)
             built = host_builder.build([tvm.ir.save_json(task.mod)])[0]
             if isinstance(built, Artifact):
