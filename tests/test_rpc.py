@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import math
 import signal
 import threading
 import time
@@ -96,36 +95,54 @@ def test_the_device_links_a_tar_of_objects(fleet, target, matmul_task):
 
 
 def test_waiting_for_a_device_does_not_count_against_the_run_timeout(fleet, target):
-    """Candidates wait for one of two devices under a timeout of twice one candidate's session (measured first,
-    so that the test holds on a fast CPU and a loaded one alike): there are enough of them that the last ones
-    wait longer than the timeout, so waiting and running together exceed it, and none times out."""
+    """Both devices are held by other sessions for longer than the run timeout, so every candidate waits past it
+    before its own session starts, and none times out. The timeout is many times one candidate's session
+    (measured first), so that a session slowed by other work on the machine still fits in it: the wait, not the
+    sessions, is what outlasts it."""
+    from tvm import rpc
+
     task, (naive,) = _naive("matmul-512", 1)
     options = fleet.options(repeat=1, min_repeat_ms=0, screen=0)
+    sessions: list[float] = []  # lengths of the candidates' sessions
+    starts: list[float] = []  # when they started
+    rounds: list[float] = []  # when the rounds of runs started, after their builds
+
+    def timed(runner):
+        """``runner``'s sessions record their lengths and starts, and its rounds their starts."""
+        run_on, run = runner._run_on, runner.run
+
+        def timed_run_on(*args):
+            start = time.monotonic()
+            starts.append(start)
+            try:
+                return run_on(*args)
+            finally:
+                sessions.append(time.monotonic() - start)
+
+        def timed_run(*args):
+            rounds.append(time.monotonic())
+            return run(*args)
+
+        runner._run_on, runner.run = timed_run_on, timed_run
+
     probe = LocalMeasurer(target, **options, run_timeout=60)
-    sessions: list[float] = []
-    run_on = probe.runner._run_on
-
-    def timed_run_on(*args):
-        start = time.monotonic()
-        try:
-            return run_on(*args)
-        finally:
-            sessions.append(time.monotonic() - start)
-
-    probe.runner._run_on = timed_run_on
+    timed(probe.runner)
     try:
         (first,) = probe.measure(task, [naive])
     finally:
         probe.close()
     assert first.error is None and len(sessions) == 1, first.error
-    session_s = sessions[0]  # the candidate's session: upload, the checked run, the timed ones
-    timeout = 2 * session_s + 0.5  # slack for a session slowed by other work on the machine
-    copies = 2 * (math.ceil(timeout / session_s) + 2)  # on two devices the last wait > timeout / session_s + 1 sessions
+    timeout = 5 * sessions[0] + 2.0  # the candidate's session: upload, the checked run, the timed ones
     measurer = LocalMeasurer(target, **options, run_timeout=timeout)
+    timed(measurer.runner)
     try:
-        start = time.monotonic()
-        results = measurer.measure(task, [naive] * copies)
-        assert time.monotonic() - start > timeout  # the premise: the round outlasted the timeout
+        measurer.measure(task, [naive])  # the device's identity and the check's reference, before the hold
+        starts.clear()
+        rounds.clear()
+        held = [rpc.connect(*fleet.tracker.request(fleet.key, 30), session_timeout=0) for _ in range(2)]
+        threading.Timer(2 * timeout, held.clear).start()  # the last reference to a session closes it
+        results = measurer.measure(task, [naive] * 4)
+        assert min(starts) - rounds[0] > timeout  # the premise: every candidate waited longer than the timeout
         assert all(r.error is None for r in results), [r.error for r in results]
     finally:
         measurer.close()
