@@ -9,7 +9,11 @@ takes what ansor's search proposes with xgb learned from the store. `tunecore ru
 arm built in all. Then, in this process, the network is built untuned and from each store (what `tunecore compile`
 builds), outputs are checked against the untuned build's, and all builds are timed in alternating passes.
 
+With --split, every search arm also runs as one whose rounds take as many programs as the uniform arm's, given out
+over the tasks as `tunecore run`'s scheduler would (`export-batch --trials N`) instead of --per-task each.
+
     python bench/batch_rounds.py [--model zoo:resnet-18] [--rounds 4] [--per-task 16] [--search-arm population=512]
+                                 [--split]
 
 Resumable: every step's output is kept in --work. Writes bench/results/batch_rounds.{json,md}.
 """
@@ -25,6 +29,7 @@ from tunecore import experiments
 from tunecore.experiments import command_line, environment, write_results
 
 RANDOM, SEARCH, ONLINE = "uniform batches", "ansor+xgb batches", "ansor+xgb run"
+SPLIT = "split as run's scheduler"
 
 
 def main() -> None:
@@ -36,6 +41,8 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=5)
     parser.add_argument("--search-arm", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
                         help="one more arm of ansor+xgb batches with these search options, e.g. population=512")
+    parser.add_argument("--split", action="store_true",
+                        help="each search arm also with its rounds split over the tasks (export-batch --trials)")
     parser.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "tunecore-bench-batch-rounds"))
     args = parser.parse_args()
     if args.rounds < 2 or args.per_task < 1:
@@ -44,6 +51,8 @@ def main() -> None:
         parser.error("--search-arm: KEY=VALUE[,KEY=VALUE...], e.g. population=512")
     searches = {SEARCH: [], **{f"{SEARCH}, {spec}": [f"-Osearch.{kv}" for kv in spec.split(",")]
                                for spec in args.search_arm}}
+    if args.split:
+        searches.update({f"{arm}, {SPLIT}": options for arm, options in searches.items()})
     os.makedirs(args.work, exist_ok=True)
     stores = {arm: os.path.join(args.work, f"{slug(arm)}.db") for arm in (RANDOM, *searches, ONLINE)}
     rounds: dict[str, list[dict]] = {arm: [] for arm in (RANDOM, *searches)}
@@ -53,7 +62,9 @@ def main() -> None:
             directory = os.path.join(args.work, f"{slug(RANDOM if shared else arm)}-{r}")
             search = ["--search", "ansor", "--cost-model", "xgb", *searches[arm]] if arm != RANDOM and r > 0 else []
             first = rounds[RANDOM][0] if shared else None
-            rounds[arm].append(batch_round(args, directory, stores[arm], r, search, first))
+            size = (["--trials", str(rounds[RANDOM][r]["programs"])] if arm.endswith(SPLIT)
+                    else ["--per-task", str(args.per_task)])
+            rounds[arm].append(batch_round(args, directory, stores[arm], r, [*size, *search], first))
             print(f"  {arm} round {r}: {rounds[arm][-1]}", file=sys.stderr, flush=True)
     trials = sum(r["programs"] for r in rounds[RANDOM])
     online = experiments.cached_run(
@@ -72,21 +83,22 @@ def slug(arm: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in arm)
 
 
-def batch_round(args, directory: str, store: str, r: int, search: list[str], shared: dict | None) -> dict:
-    """One round of an arm (resumed where it stopped): its batch built, timed and imported; what it cost and the
-    arm's estimated latency after it."""
+def batch_round(args, directory: str, store: str, r: int, export: list[str], shared: dict | None) -> dict:
+    """One round of an arm (resumed where it stopped): its batch built (``export``: its size and search options),
+    timed and imported; what it cost and the arm's estimated latency after it."""
     done_path = os.path.join(directory, "round.json")
     if shared is None and os.path.exists(done_path):
         done = json.load(open(done_path))
     else:
         done = dict(shared or {})
         if shared is None:
-            built = tunecore("dataset", "export-batch", "--model", args.model, "--target", "llvm", "--per-task",
-                             str(args.per_task), "--seed", str(args.seed + r), "--out", directory,
-                             *(["--store", f"sqlite:{store}"] if r > 0 else []), *search, "--json")
+            built = tunecore("dataset", "export-batch", "--model", args.model, "--target", "llvm", "--seed",
+                             str(args.seed + r), "--out", directory, *(["--store", f"sqlite:{store}"] if r > 0 else []),
+                             *export, "--json")
             timed = tunecore_module("tunecore.measure.batch", directory)
             done = {"programs": built["out"]["programs"], "built": built["out"]["built"], "export_s": built["wall_s"],
-                    "time_s": timed["wall_s"], "failed": timed["out"]["failed"]}
+                    "time_s": timed["wall_s"], "failed": timed["out"]["failed"],
+                    **({"split": built["out"]["split"]} if "split" in built["out"] else {})}
         dataset = store[:-3] + ".parquet"
         tunecore("dataset", "import-batch", directory, "--out", dataset, "--json")
         experiments.run_timed([sys.executable, "-m", "tunecore.cli", "dataset", "import", dataset, "--store",
@@ -138,8 +150,9 @@ def markdown(report: dict) -> str:
         "",
         experiments.environment_line(report),
         "",
-        f"{report['rounds']} rounds of {report['per_task']} programs per task; the batch arms share the first round "
-        "(uniform samples). A batch is built here and timed by `python -m tunecore.measure.batch` (the device's "
+        f"{report['rounds']} rounds of {report['per_task']} programs per task (arms '{SPLIT}': as many in all, given "
+        "out over the tasks by `export-batch --trials`); the batch arms share the first round (uniform samples). "
+        "A batch is built here and timed by `python -m tunecore.measure.batch` (the device's "
         "part, here on the same CPU), so export s + time s is what a round costs. Estimated: sum of weight × best "
         "kernel latency in the arm's store, by its own timer (the batch runner's or the run's local runner's: read "
         f"across arms only the end-to-end column). End-to-end: median of {report['passes']} alternating passes over "

@@ -46,6 +46,12 @@ def test_a_batch_is_timed_with_the_runtime_alone_checked_and_imported_as_rows(ba
     out = cli_json(run_cli("dataset", "import-batch", str(batch), "--out", str(dataset), "--json"))
     assert out["added"] == 5 and out["failed"] == 0
     from tunecore.dataset import Dataset
+    from tunecore.targets import device_descriptor, device_id
+    from tunecore.tvmjson import target_from_json
+
+    # the rows' device is the one a run measured here names (the runtime alone reads the CPU without LLVM)
+    manifest_target = json.load(open(batch / "manifest.json"))["target"]
+    assert out["device_id"] == device_id(device_descriptor(target_from_json(json.dumps(manifest_target))))
 
     rows = Dataset.load(str(dataset)).rows
     assert len(rows) == 5 and all(r.latency and "check.max_relative_error" in r.profile for r in rows)
@@ -78,6 +84,10 @@ def test_a_round_from_a_store_builds_only_programs_not_measured_before(batch, tm
     assert out["measured_before"] == 5 and out["built"] == 5
     keys = [{p["key"] for p in json.load(open(d / "manifest.json"))["programs"]} for d in (batch, tmp_path / "next")]
     assert len(keys[1]) == 5 and not keys[0] & keys[1]
+    # --trials: programs in all, split as a run's scheduler would (one task here: all of them; see test_tuner's plan)
+    out = cli_json(run_cli("dataset", "export-batch", "--model", "op:matmul-64", "--target", "llvm", "--trials", "3",
+                           "--store", f"sqlite:{store}", "--out", str(tmp_path / "planned"), "--json"))
+    assert out["built"] == 3 and list(out["split"].values()) == [3]
 
 
 def test_a_program_whose_outputs_differ_from_the_reference_is_a_failed_result(batch, tmp_path):
@@ -114,6 +124,9 @@ def test_batch_commands_refuse_bad_input(tmp_path, batch):
     assert_one_line_exit_2(run_cli("dataset", "export-batch", "--model", "op:matmul-64", "--target", "llvm",
                                    "--per-task", "1", "--store", str(tmp_path / "none.db"), "--out",
                                    str(tmp_path / "o")), "no such store")
+    assert_one_line_exit_2(run_cli("dataset", "export-batch", "--model", "op:matmul-64", "--target", "llvm",
+                                   "--per-task", "1", "--scheduler", "round-robin", "--out", str(tmp_path / "o")),
+                           "--scheduler: splits --trials")
     fresh = tmp_path / "untimed"
     cli_json(run_cli("dataset", "export-batch", "--model", "op:matmul-64", "--target", "llvm", "--per-task", "1",
                      "--out", str(fresh), "--json"))

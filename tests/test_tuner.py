@@ -344,3 +344,33 @@ def test_a_run_killed_before_its_summary_counts_up_to_its_last_record():
             {"run_id": 2, "started_at": 500.0, "finished_at": None},  # killed: its last record says how long
             {"run_id": 3, "started_at": 900.0, "finished_at": None}]  # killed before its first commit
     assert tuned_seconds(runs, [record(1, 150.0), record(2, 530.0), record(2, 520.0)]) == 60.0 + 30.0
+
+
+def test_a_plan_gives_out_trials_measured_later_as_the_scheduler_would(matmul_task):
+    """tunecore.schedulers.plan, for a batch timed elsewhere: every round counts as gaining what the scheduler
+    expects of it, so the largest share of the latency gets the most rounds but not all of them."""
+    from tunecore.schedulers import plan
+
+    fresh = _states(matmul_task, [("a", 1, UNMEASURED, 0), ("b", 5, UNMEASURED, 0), ("c", 1, UNMEASURED, 0)])
+    assert plan(fresh, 24, 4) == [8, 8, 8]  # nothing measured: tasks in turn, whatever their weights
+    states = _states(matmul_task, [("a", 10, 1e-3, 2), ("b", 1, 1e-3, 2)])
+    counts = plan(states, 64, 4)
+    assert sum(counts) == 64 and counts[0] > counts[1] > 0
+    assert [(s.rounds, s.best, len(s.best_history)) for s in states] == [(2, 1e-3, 2)] * 2  # the states as they were
+    # a task whose records all failed gets rounds until a run would give up on it; one with no records, its first
+    states = _states(matmul_task, [("ok", 1, 1e-3, 2), ("failing", 1, UNMEASURED, 2), ("new", 1, UNMEASURED, 0)])
+    states[1].trials = 8
+    assert plan(states, 100, 4) == [84, 12, 4]
+
+
+def test_a_restored_state_has_a_round_per_run_of_its_records(matmul_task):
+    from tunecore.data import Record
+    from tunecore.schedulers import restored_state
+
+    def record(run_id, latency):
+        return Record(matmul_task.task_id, f"{run_id}-{latency}", "[]", None if latency is None else [latency],
+                      None if latency else "failed", run_id=run_id)
+
+    state = restored_state(matmul_task, [record(2, 1e-3), record(1, 3e-3), record(1, None), record(2, 2e-3)])
+    assert (state.rounds, state.trials, state.errors, state.best_history) == (2, 4, 1, [3e-3, 1e-3])
+    assert restored_state(matmul_task, []).rounds == 0

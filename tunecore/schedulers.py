@@ -89,6 +89,11 @@ class RoundRobinScheduler:
         """Candidates for the task's next round, given the run's round size."""
         return size
 
+    def expect(self, state: TaskState) -> None:
+        """Count a round the task was given, whose results are not known yet (``plan``): it changes nothing."""
+        state.rounds += 1
+        state.best_history.append(state.best)
+
 
 class GradientScheduler(RoundRobinScheduler):
     """Ansor's task scheduler (Zheng et al., OSDI'20, section 6).
@@ -111,6 +116,7 @@ class GradientScheduler(RoundRobinScheduler):
         self.rng = np.random.default_rng(seed)
         self.parts = network_parts(states)
         self.alternatives = {id(s) for part in self.parts if len(part) > 1 for side in part for s in side}
+        self.planned_rates: dict[int, float] = {}  # a task's measured progress per round / its best, in a plan
 
     def next(self) -> TaskState | None:
         alive = [s for s in self.states if s.done_reason is None]
@@ -127,25 +133,52 @@ class GradientScheduler(RoundRobinScheduler):
             return alive[int(self.rng.integers(len(alive)))]
         return alive[int(np.argmin(gradients))]
 
+    def expect(self, state: TaskState) -> None:
+        """Count a round whose results are not known yet (``plan``) as gaining what the scheduler expects of it, so
+        that the task's next round is expected to gain less. A task whose records all failed expects to fail again
+        (a run gives up on it after a few such rounds); one without records gets its first round only, since
+        nothing says what the next would gain."""
+        if state.best >= UNMEASURED:
+            state.add_round([])
+            state.failed_rounds += state.trials > 0
+            if state.trials == 0:
+                state.done_reason = "not measured yet"
+            elif state.failed_rounds >= _GIVE_UP_AFTER_FAILED_ROUNDS:
+                state.done_reason = "every candidate failed"
+            return
+        # the measured progress is kept as a rate: the falls a plan expects are no progress to extrapolate from, or
+        # each planned round would expect more than the last, down to zero
+        self.planned_rates.setdefault(id(state), self._backward(state, self._forward(state)) / state.best)
+        state.best *= math.exp(self._step(state) / state.best)  # ~ best + step; a large step never reaches zero
+        super().expect(state)
+
     def _step(self, s: TaskState) -> float:
         """The expected change of the task's best latency in its next round (<= 0)."""
-        history = s.best_history
+        forward = self._forward(s)
+        return self.alpha * self._backward(s, forward) + (1 - self.alpha) * forward
+
+    def _forward(self, s: TaskState) -> float:
+        """The optimistic guess: the change to the best latency a similar task reached (or best / rounds)."""
         optimistic = s.best - s.best / s.rounds
         peers = [p for p in self.states if p.task.kernel_class == s.task.kernel_class and p.best < UNMEASURED]
         if len(peers) > 1 and s.task.flops > 0:
             best_throughput = max(p.task.flops / p.best for p in peers)
             optimistic = min(optimistic, self.beta * s.task.flops / best_throughput)
-        forward = optimistic - s.best
+        return optimistic - s.best
+
+    def _backward(self, s: TaskState, forward: float) -> float:
+        """The task's recent progress per round."""
+        if id(s) in self.planned_rates:
+            return self.planned_rates[id(s)] * s.best
+        history = s.best_history
         if len(history) > self.window:
-            backward = (history[-1] - history[-1 - self.window]) / self.window
-        elif id(s) in self.alternatives:
+            return (history[-1] - history[-1 - self.window]) / self.window
+        if id(s) in self.alternatives:
             # too few rounds to show progress. Ansor counts that as none, which only ranks tasks, but a side of a
             # conv must reach below the other side's value: a side whose one round measured the untuned program
             # (e.g. --search transfer without a donor, before --then takes over) would never get a second round
-            backward = forward
-        else:
-            backward = 0.0
-        return self.alpha * backward + (1 - self.alpha) * forward
+            return forward
+        return 0.0
 
 
 class FlopsWarmupGradientScheduler(GradientScheduler):
@@ -170,3 +203,34 @@ class FlopsWarmupGradientScheduler(GradientScheduler):
 
 
 SCHEDULERS = {cls.name: cls for cls in (GradientScheduler, FlopsWarmupGradientScheduler, RoundRobinScheduler)}
+
+
+def restored_state(task: Task, records: Sequence[Record]) -> TaskState:
+    """A task's state from its stored records, one round per run that measured them (e.g. per imported batch)."""
+    state = TaskState(task)
+    for run_id in sorted({r.run_id for r in records}, key=lambda run: -1 if run is None else run):
+        state.add_round([r for r in records if r.run_id == run_id])
+    state.failed_rounds, state.done_reason = 0, None
+    return state
+
+
+def plan(states: Sequence[TaskState], trials: int, round_size: int, scheduler: str = "gradient",
+         seed: int = 0) -> list[int]:
+    """How many of ``trials`` programs each task gets when all of them are measured later, elsewhere (a batch for a
+    device without TVM's compiler): the scheduler gives out rounds as in a run, each taken to gain what the
+    scheduler expects of it, since no measurement comes back to say. Returns a count per state, in order."""
+    planned = [dataclasses.replace(s, best_history=list(s.best_history), measured=set(), history=[]) for s in states]
+    if all(s.best >= UNMEASURED for s in states):  # nothing measured yet (a first batch): tasks in turn
+        scheduler = RoundRobinScheduler.name
+    picker = SCHEDULERS[scheduler](planned, seed=seed)
+    counts = [0] * len(planned)
+    left = trials
+    while left > 0:
+        state = picker.next()
+        if state is None:
+            break
+        n = min(picker.round_size(state, round_size), left)
+        counts[next(i for i, s in enumerate(planned) if s is state)] += n
+        left -= n
+        picker.expect(state)
+    return counts

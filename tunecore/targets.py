@@ -234,25 +234,30 @@ def device_descriptor(target: Any) -> dict[str, Any]:
     if kind == "llvm":
         from tvm.target import codegen
 
-        features = codegen.llvm_get_cpu_features(target)
-        cpuinfo = _cpuinfo()
-        desc["cpu"] = cpuinfo.get("model name", "")
-        desc["vendor"] = cpuinfo.get("vendor_id", "")
-        # the model string can be generic on a VM ("AMD EPYC" for Zen 1 and Zen 3 alike); family/model are not
-        desc["family_model"] = f"{cpuinfo.get('cpu family', '')}/{cpuinfo.get('model', '')}"
-        desc["mcpu"] = str(target.attrs.get("mcpu", ""))
-        desc["cores"] = int(target.attrs.get("num-cores", physical_cores()))
-        desc["vector_bits"] = 512 if "avx512f" in features else 256 if "avx2" in features or "avx" in features else 128
-        desc["fma"] = "fma" in features
-        desc.update(_cache_sizes())
-        clock = _max_clock_mhz() or cpuinfo.get("cpu MHz")
-        if clock:
-            desc["clock_mhz"] = float(clock)
-    elif kind == "cuda":
+        return cpu_descriptor(str(target.attrs.get("mcpu", "")), int(target.attrs.get("num-cores", physical_cores())),
+                              set(codegen.llvm_get_cpu_features(target)))
+    if kind == "cuda":
         desc["arch"] = str(target.attrs.get("arch", ""))
         desc.update(gpu_fields(tvm.cuda()))
         if "gpu" in desc:
             desc["l2_bytes"] = _cuda_l2_bytes()
+    return desc
+
+
+def cpu_descriptor(mcpu: str, cores: int, features: set[str]) -> dict[str, Any]:
+    """This machine's CPU used with ``mcpu``'s ``features`` (LLVM's names; /proc/cpuinfo's flags name the vector
+    ones alike) on ``cores`` threads: device_descriptor's, and a runtime-only batch runner's, without LLVM."""
+    cpuinfo = _cpuinfo()
+    desc: dict[str, Any] = {"kind": "llvm", "cpu": cpuinfo.get("model name", ""),
+                            "vendor": cpuinfo.get("vendor_id", ""),
+                            # the model string can be generic on a VM ("AMD EPYC" for Zen 1 and Zen 3); these are not
+                            "family_model": f"{cpuinfo.get('cpu family', '')}/{cpuinfo.get('model', '')}",
+                            "mcpu": mcpu, "cores": cores,
+                            "vector_bits": 512 if "avx512f" in features else 256 if features & {"avx2", "avx"} else 128,
+                            "fma": "fma" in features, **_cache_sizes()}
+    clock = _max_clock_mhz() or cpuinfo.get("cpu MHz")
+    if clock:
+        desc["clock_mhz"] = float(clock)
     return desc
 
 

@@ -13,6 +13,8 @@ from tunecore.errors import UsageError
 
 
 def add_commands(register: Any) -> None:
+    from tunecore.schedulers import SCHEDULERS
+
     dataset = register("dataset", cmd_dataset, help="collect, inspect and combine datasets of measured programs")
     sub = dataset.add_subparsers(dest="dataset_command", required=True, parser_class=Parser)
 
@@ -73,7 +75,13 @@ def add_commands(register: Any) -> None:
     batch.add_argument("--model", "-m", action="append", required=True, help="workload (as for `collect`)")
     batch.add_argument("--target", "-t", required=True,
                        help="the device's target, e.g. nvidia/nvidia-h100 or a JSON dict with its arch")
-    batch.add_argument("--per-task", type=count(1), required=True, help="programs per task")
+    size = batch.add_mutually_exclusive_group(required=True)
+    size.add_argument("--per-task", type=count(1), help="programs per task")
+    size.add_argument("--trials", type=count(1),
+                      help="programs in all, split over the tasks as `run`'s --scheduler gives out trials, from what "
+                           "the --store's records say each task gains (tasks in turn where nothing is measured yet)")
+    batch.add_argument("--scheduler", choices=sorted(SCHEDULERS), default=None,
+                       help="with --trials: how they are split (default: gradient, as in `run`)")
     batch.add_argument("--search", default="random",
                        help="who writes the programs: random (uniform samples, default) or a search policy, whose "
                             "next batch is taken (e.g. tlm; ansor with --cost-model and --store)")
@@ -287,6 +295,8 @@ def _export_batch(args: argparse.Namespace) -> int:
     if args.search == "random" and (args.option or args.cost_model != "none"):
         raise UsageError("-O, --cost-model: for a search policy's programs (--search NAME); random samples take "
                          "neither")
+    if args.scheduler and args.per_task:
+        raise UsageError("--scheduler: splits --trials over the tasks; --per-task gives each the same")
     for role, name in (("search", args.search), ("cost_model", args.cost_model)):
         if name not in registry.names(role):
             raise UsageError(f"--{role.replace('_', '-')} {name}: not installed (installed: "
@@ -297,8 +307,9 @@ def _export_batch(args: argparse.Namespace) -> int:
     store = api.open_store(args.store, registry, create=False) if args.store else None
     try:
         report = _with_progress(args, lambda on_progress: export_batch(
-            args.out, expand_models(args.model), target, args.per_task, kernels=tuple(args.kernels), seed=args.seed,
-            search=args.search, cost_model=args.cost_model, store=store, options=options, registry=registry,
+            args.out, expand_models(args.model), target, args.per_task, trials=args.trials,
+            scheduler=args.scheduler or "gradient", kernels=tuple(args.kernels), seed=args.seed, search=args.search,
+            cost_model=args.cost_model, store=store, options=options, registry=registry,
             on_progress=on_progress))
     finally:
         if store is not None:

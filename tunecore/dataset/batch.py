@@ -10,9 +10,10 @@ from typing import Any
 from tunecore.measure.batch import MANIFEST, PROFILES, device_kernels, read_results, write_manifest
 
 
-def export_batch(directory: str, workloads: list[str], target: Any, per_task: int, *, kernels: tuple[str, ...] = (),
-                 seed: int = 0, search: str = "random", cost_model: str = "none", store: Any = None,
-                 options: dict | None = None, registry: Any = None, on_progress: Any = None) -> dict[str, Any]:
+def export_batch(directory: str, workloads: list[str], target: Any, per_task: int | None, *,
+                 trials: int | None = None, scheduler: str = "gradient", kernels: tuple[str, ...] = (), seed: int = 0,
+                 search: str = "random", cost_model: str = "none", store: Any = None, options: dict | None = None,
+                 registry: Any = None, on_progress: Any = None) -> dict[str, Any]:
     """Build ``per_task`` programs of every task of ``workloads`` for ``target`` into ``directory``, with each task's
     reference outputs (its unscheduled program run here on the host CPU): uniform samples of its design space, or
     the batch another ``search`` proposes (``options``: as for `run`, {role or name: {key: value}}; e.g. tlm's
@@ -21,7 +22,11 @@ def export_batch(directory: str, workloads: list[str], target: Any, per_task: in
     With ``store`` (a RecordStore holding these tasks' records for ``target``: earlier batches, timed and imported),
     the batch is the next round of a search whose measurements are made elsewhere: ``cost_model`` learns from every
     task's records first, as at the start of a run, the search starts each task from them, and no program measured
-    before is built again (random samples skip them too)."""
+    before is built again (random samples skip them too).
+
+    ``trials`` instead of ``per_task``: that many programs in all, split over the tasks as a run's ``scheduler``
+    would give them out, from what the store's records say each task gains (tunecore.schedulers.plan); a task may
+    get none."""
     import dataclasses
     import shutil
 
@@ -57,10 +62,16 @@ def export_batch(directory: str, workloads: list[str], target: Any, per_task: in
                 if not kernels or has_kernel(t.kernel_class, kernels):
                     found.setdefault(t.workload_hash, t)
         history = {t.task_id: store.records(t.task_id) for t in found.values()} if store is not None else {}
+        device = _device_of([r for records in history.values() for r in records])
         if any(history.values()):
-            model.device = _device_of(store, [r for records in history.values() for r in records])
+            model.device = store.devices().get(device) if device else None
             warm_start(model, store, [(t, history[t.task_id]) for t in found.values()])
+        wanted = dict.fromkeys(found, per_task)
+        if trials is not None:
+            wanted = _split(found, history, device, trials, scheduler, seed)
         for n, (key, task) in enumerate(found.items()):
+            if not wanted[key]:
+                continue
             reference, weights = None, weight_arguments(task.mod)
             built = host_builder.build([tvm.ir.save_json(task.mod)])[0]
             if isinstance(built, Artifact):
@@ -71,10 +82,10 @@ def export_batch(directory: str, workloads: list[str], target: Any, per_task: in
                           "task": dataclasses.asdict(DatasetTask.of(task))}
             measured = history.get(task.task_id, [])
             if search == "random":
-                candidates = DesignSpace(task, seed).sample_new(per_task, {r.key for r in measured}, "random")
+                candidates = DesignSpace(task, seed).sample_new(wanted[key], {r.key for r in measured}, "random")
             else:
                 name = task.name if task.name not in written else f"{task.name} ({key[:8]})"  # two networks' names
-                candidates, report = _proposed(task, per_task, seed, search, options, registry, model, measured)
+                candidates, report = _proposed(task, wanted[key], seed, search, options, registry, model, measured)
                 written[name] = {**report, "task_key": key}
             for candidate, artifact in zip(candidates, builder.build([tvm.ir.save_json(c.mod) for c in candidates])):
                 program = {"id": f"{key}-{candidate.key}", "task": key, "key": candidate.key,
@@ -98,15 +109,29 @@ def export_batch(directory: str, workloads: list[str], target: Any, per_task: in
                    search=search)
     return {"tasks": len(tasks), "programs": len(programs), "built": sum("library" in p for p in programs),
             **({"measured_before": sum(map(len, history.values()))} if store is not None else {}),
+            **({"split": {f"{found[key].name} ({key[:8]})": n for key, n in wanted.items()}} if trials else {}),
             **({"search": search, "cost_model": cost_model, "written": written} if search != "random" else {})}
 
 
-def _device_of(store: Any, records: list[Any]) -> dict | None:
+def _device_of(records: list[Any]) -> str | None:
     """The device most of ``records`` were measured on: the one the batch's cost model predicts for."""
     import collections
 
     counts = collections.Counter(r.device_id for r in records if r.device_id)
-    return store.devices().get(counts.most_common(1)[0][0]) if counts else None
+    return counts.most_common(1)[0][0] if counts else None
+
+
+def _split(tasks: dict[str, Any], history: dict[str, list[Any]], device: str | None, trials: int, scheduler: str,
+           seed: int) -> dict[str, int]:
+    """``trials`` programs over ``tasks`` (by key) as a run's scheduler would give them out, from their records on
+    ``device``."""
+    from tunecore.schedulers import plan, restored_state
+    from tunecore.tuner import default_round_size, derive_seed
+
+    states = [restored_state(t, [r for r in history.get(t.task_id, []) if r.device_id == device])
+              for t in tasks.values()]
+    counts = plan(states, trials, default_round_size(trials, len(states)), scheduler, derive_seed(seed, "scheduler"))
+    return dict(zip(tasks, counts))
 
 
 def _proposed(task: Any, n: int, seed: int, search_name: str, options: dict | None, registry: Any,
@@ -150,7 +175,9 @@ def import_batch(directory: str, dataset_path: str) -> dict[str, Any]:
     if done["device"] is None:
         raise ValueError(f"{directory}: no results yet (run `python -m tunecore.measure.batch {directory}` there)")
     target_json = json.dumps(manifest["target"], sort_keys=True)
-    device = {**done["device"], "arch": manifest["target"].get("arch", "")}
+    device = dict(done["device"])
+    if device["kind"] == "cuda":  # the arch the batch was compiled for, as device_descriptor adds it
+        device["arch"] = manifest["target"].get("arch", "")
     profiles_path = os.path.join(directory, PROFILES)
     profiles = json.load(open(profiles_path)) if os.path.exists(profiles_path) else {}
     with changing(dataset_path):

@@ -208,13 +208,16 @@ def use_cubins(cubins: Cubins) -> None:
         return cubins.get(code)
 
 
-def describe_device(kind: str, device: Any) -> dict[str, Any]:
-    """The device as tunecore.targets.device_descriptor describes it, from the runtime alone (a CPU: by its
-    model string only)."""
-    from tunecore.targets import _cpuinfo, _cuda_l2_bytes, gpu_fields
+def this_device(target: dict[str, Any], device: Any) -> dict[str, Any]:
+    """The device as tunecore.targets.device_descriptor describes it, from the runtime alone: a CPU's vector
+    features are read from /proc/cpuinfo instead of LLVM, so a batch timed on this machine and a run measured here
+    name the same device."""
+    from tunecore.targets import _cpu_flags, _cuda_l2_bytes, cpu_descriptor, gpu_fields, physical_cores
 
-    if kind in ("llvm", "c"):
-        return {"kind": kind, "cpu": _cpuinfo().get("model name", "")}
+    kind = target["kind"]
+    if kind == "llvm":
+        return cpu_descriptor(str(target.get("mcpu", "")), int(target.get("num-cores", physical_cores())),
+                              _cpu_flags())
     description = {"kind": kind, **gpu_fields(device)}
     if kind == "cuda" and "gpu" in description:
         description["l2_bytes"] = _cuda_l2_bytes()
@@ -236,7 +239,7 @@ def run_batch(directory: str, *, repeat: int = 5, min_repeat_ms: float = 20.0, m
     if not device.exist:
         raise RuntimeError(f"there is no {kind} device on this machine")
     done = read_results(directory)
-    done["device"] = describe_device(kind, device)
+    done["device"] = this_device(manifest["target"], device)
     if kind == "llvm":  # a CPU batch's kernels on as many threads as its target has cores, as a network runs them
         done["threads"] = use_threads(int(manifest["target"].get("num-cores", 0)))
     references: dict[str, tuple[list, dict[int, Any]] | None] = {}
