@@ -79,7 +79,8 @@ def add_commands(register: Any) -> None:
     size.add_argument("--per-task", type=count(1), help="programs per task")
     size.add_argument("--trials", type=count(1),
                       help="programs in all, split over the tasks as `run`'s --scheduler gives out trials, from what "
-                           "the --store's records say each task gains (tasks in turn where nothing is measured yet)")
+                           "the --store's records say each task gains (tasks in turn where nothing is measured yet; "
+                           "on ResNet-18 it did not beat --per-task, docs/gpu.md)")
     batch.add_argument("--scheduler", choices=sorted(SCHEDULERS), default=None,
                        help="with --trials: how they are split (default: gradient, as in `run`)")
     batch.add_argument("--search", default="random",
