@@ -215,9 +215,9 @@ def this_device(target: dict[str, Any], device: Any) -> dict[str, Any]:
     from tunecore.targets import _cpu_flags, _cuda_l2_bytes, cpu_descriptor, gpu_fields, physical_cores
 
     kind = target["kind"]
-    if kind == "llvm":
-        return cpu_descriptor(str(target.get("mcpu", "")), int(target.get("num-cores", physical_cores())),
-                              _cpu_flags())
+    if kind in ("llvm", "c"):
+        return {**cpu_descriptor(str(target.get("mcpu", "")), int(target.get("num-cores", physical_cores())),
+                                 _cpu_flags()), "kind": kind}
     description = {"kind": kind, **gpu_fields(device)}
     if kind == "cuda" and "gpu" in description:
         description["l2_bytes"] = _cuda_l2_bytes()
