@@ -208,8 +208,11 @@ SCHEDULERS = {cls.name: cls for cls in (GradientScheduler, FlopsWarmupGradientSc
 def restored_state(task: Task, records: Sequence[Record]) -> TaskState:
     """A task's state from its stored records, one round per run that measured them (e.g. per imported batch)."""
     state = TaskState(task)
-    for run_id in sorted({r.run_id for r in records}, key=lambda run: -1 if run is None else run):
-        state.add_round([r for r in records if r.run_id == run_id])
+    by_run: dict[int | None, list[Record]] = {}
+    for r in records:
+        by_run.setdefault(r.run_id, []).append(r)
+    for run_id in sorted(by_run, key=lambda run: -1 if run is None else run):
+        state.add_round(by_run[run_id])
     state.failed_rounds, state.done_reason = 0, None
     return state
 
@@ -223,6 +226,7 @@ def plan(states: Sequence[TaskState], trials: int, round_size: int, scheduler: s
     if all(s.best >= UNMEASURED for s in states):  # nothing measured yet (a first batch): tasks in turn
         scheduler = RoundRobinScheduler.name
     picker = SCHEDULERS[scheduler](planned, seed=seed)
+    index = {id(s): i for i, s in enumerate(planned)}
     counts = [0] * len(planned)
     left = trials
     while left > 0:
@@ -230,7 +234,7 @@ def plan(states: Sequence[TaskState], trials: int, round_size: int, scheduler: s
         if state is None:
             break
         n = min(picker.round_size(state, round_size), left)
-        counts[next(i for i, s in enumerate(planned) if s is state)] += n
+        counts[index[id(state)]] += n
         left -= n
         picker.expect(state)
     return counts
