@@ -72,6 +72,26 @@ def test_a_batch_is_timed_with_the_runtime_alone_checked_and_imported_as_rows(ba
     assert len(labelled) == again["second_labels"]
 
 
+def test_a_gpu_is_the_same_device_to_the_batch_runner_as_to_a_run(monkeypatch):
+    """The runtime-only runner names the arch its batch was compiled for, as device_descriptor does: an arch-less
+    description would be another device id for the same GPU (import-batch added it after the fact)."""
+    import tvm
+
+    from tunecore.measure.batch import this_device
+    from tunecore.targets import device_descriptor, device_id, resolve_target
+
+    class LentH100:  # what TVM's runtime reports of the device
+        exist, device_name, multi_processor_count, max_clock_rate = True, "NVIDIA H100 80GB HBM3", 132, 1980000
+        total_global_memory, max_shared_memory_per_block, warp_size = 85e9, 49152, 32
+
+    for gpu in (LentH100(), tvm.cuda()):  # this machine's tvm.cuda() does not exist: no GPU fields on either side
+        monkeypatch.setattr(tvm, "cuda", lambda gpu=gpu: gpu)
+        run = device_descriptor(resolve_target(H100))
+        assert this_device(json.loads(H100), gpu) == run and run["arch"] == "sm_90"
+        assert device_id(run) == device_id(this_device(json.loads(H100), gpu))
+    assert run.keys() == {"kind", "arch"} and "gpu" in this_device(json.loads(H100), LentH100())
+
+
 def test_a_round_from_a_store_builds_only_programs_not_measured_before(batch, tmp_path):
     """The next batch of a search in rounds: its store holds the first batch's records (timed, imported into a
     dataset, then into the store), and none of those programs is built again."""

@@ -230,18 +230,14 @@ def device_descriptor(target: Any) -> dict[str, Any]:
     import tvm
 
     kind = target.kind.name
-    desc: dict[str, Any] = {"kind": kind}
     if kind == "llvm":
         from tvm.target import codegen
 
         return cpu_descriptor(str(target.attrs.get("mcpu", "")), int(target.attrs.get("num-cores", physical_cores())),
                               set(codegen.llvm_get_cpu_features(target)))
     if kind == "cuda":
-        desc["arch"] = str(target.attrs.get("arch", ""))
-        desc.update(gpu_fields(tvm.cuda()))
-        if "gpu" in desc:
-            desc["l2_bytes"] = _cuda_l2_bytes()
-    return desc
+        return gpu_descriptor(kind, str(target.attrs.get("arch", "")), tvm.cuda())
+    return {"kind": kind}
 
 
 def cpu_descriptor(mcpu: str, cores: int, features: set[str]) -> dict[str, Any]:
@@ -258,6 +254,15 @@ def cpu_descriptor(mcpu: str, cores: int, features: set[str]) -> dict[str, Any]:
     clock = _max_clock_mhz() or cpuinfo.get("cpu MHz")
     if clock:
         desc["clock_mhz"] = float(clock)
+    return desc
+
+
+def gpu_descriptor(kind: str, arch: str, dev: Any, *, remote: bool = False) -> dict[str, Any]:
+    """The GPU ``dev`` used with code compiled for ``arch``: device_descriptor's, a runtime-only batch runner's, and a
+    plain RPC server's (``remote``: its L2 size cannot be read from here)."""
+    desc = {"kind": kind, "arch": arch, **gpu_fields(dev)}
+    if kind == "cuda" and "gpu" in desc and not remote:
+        desc["l2_bytes"] = _cuda_l2_bytes()
     return desc
 
 

@@ -176,8 +176,8 @@ def import_batch(directory: str, dataset_path: str) -> dict[str, Any]:
         raise ValueError(f"{directory}: no results yet (run `python -m tunecore.measure.batch {directory}` there)")
     target_json = json.dumps(manifest["target"], sort_keys=True)
     device = dict(done["device"])
-    if device["kind"] == "cuda":  # the arch the batch was compiled for, as device_descriptor adds it
-        device["arch"] = manifest["target"].get("arch", "")
+    if device["kind"] == "cuda":  # results timed before the runner named the arch it ran (the dataset's H100 rows)
+        device.setdefault("arch", manifest["target"].get("arch", ""))
     profiles_path = os.path.join(directory, PROFILES)
     profiles = json.load(open(profiles_path)) if os.path.exists(profiles_path) else {}
     with changing(dataset_path):

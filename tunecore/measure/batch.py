@@ -212,16 +212,13 @@ def this_device(target: dict[str, Any], device: Any) -> dict[str, Any]:
     """The device as tunecore.targets.device_descriptor describes it, from the runtime alone: a CPU's vector
     features are read from /proc/cpuinfo instead of LLVM, so a batch timed on this machine and a run measured here
     name the same device."""
-    from tunecore.targets import _cpu_flags, _cuda_l2_bytes, cpu_descriptor, gpu_fields, physical_cores
+    from tunecore.targets import _cpu_flags, cpu_descriptor, gpu_descriptor, physical_cores
 
     kind = target["kind"]
     if kind in ("llvm", "c"):
         return {**cpu_descriptor(str(target.get("mcpu", "")), int(target.get("num-cores", physical_cores())),
                                  _cpu_flags()), "kind": kind}
-    description = {"kind": kind, **gpu_fields(device)}
-    if kind == "cuda" and "gpu" in description:
-        description["l2_bytes"] = _cuda_l2_bytes()
-    return description
+    return gpu_descriptor(kind, str(target.get("arch", "")), device)
 
 
 def run_batch(directory: str, *, repeat: int = 5, min_repeat_ms: float = 20.0, max_spread: float = 0.02,

@@ -173,18 +173,13 @@ def describe_remote(session: Any, target: Any) -> dict[str, Any]:
     if describe is not None:
         return json.loads(describe(target_to_json(target)))
     kind = target.kind.name
-    desc: dict[str, Any] = {"kind": kind}
-    if kind == "llvm":
-        desc["cpu"] = "llvm:" + str(session.get_function("target.llvm_get_system_cpu")())
-        desc["triple"] = str(session.get_function("target.llvm_get_system_triple")())
-        desc["mcpu"] = str(target.attrs.get("mcpu", ""))
-        desc["cores"] = int(target.attrs.get("num-cores", 0)) or None
-    else:
-        from tunecore.targets import gpu_fields
+    if kind != "llvm":
+        from tunecore.targets import gpu_descriptor
 
-        desc["arch"] = str(target.attrs.get("arch", ""))
-        desc.update(gpu_fields(session.device(kind, 0)))
-    return desc
+        return gpu_descriptor(kind, str(target.attrs.get("arch", "")), session.device(kind, 0), remote=True)
+    return {"kind": kind, "cpu": "llvm:" + str(session.get_function("target.llvm_get_system_cpu")()),
+            "triple": str(session.get_function("target.llvm_get_system_triple")()),
+            "mcpu": str(target.attrs.get("mcpu", "")), "cores": int(target.attrs.get("num-cores", 0)) or None}
 
 
 class RpcRunner(Runner, Screen, OutputCheck):
