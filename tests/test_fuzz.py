@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from tunecore.errors import UsageError
 
 EXAMPLES = int(os.environ.get("TUNECORE_FUZZ_EXAMPLES", "40"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=20_000, derandomize=True, database=None,
+FUZZ = settings(max_examples=EXAMPLES, deadline=60_000, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                        HealthCheck.data_too_large])
 

@@ -252,7 +252,7 @@ def test_a_screened_candidate_is_timed_again_by_the_device(target):
     from tunecore.measure.worker import time_function
 
     library, device, args, per_call = _matmul_of_16_rows(target)
-    jitter = 0.002
+    jitter = 0.02
 
     class OverNetwork:  # the library as a host sees it through a jittery link; the device's own timer does not
         entry_name = library.entry_name
@@ -263,10 +263,12 @@ def test_a_screened_candidate_is_timed_again_by_the_device(target):
         def time_evaluator(self, *a, **k):
             return library.time_evaluator(*a, **k)
 
-    # The screen and the bound sit at half the jitter, 10-40x the kernel (50-120 us here, the slower beside the other
-    # test process): a host-timed look is above them whatever the load, a device-timed one below them. At 2x the
-    # kernel, CI failed it: timed fully, the kernel ran 2.3x its quiet time beside the other process.
-    assert per_call < jitter / 10, per_call
+    # The screen and the bound sit at half the jitter, 100-400x the kernel (50-120 us here, the slower beside the
+    # other test process): a host-timed look is above them whatever the load, a device-timed one below them unless
+    # the one warm call of the second look is preempted for 10 ms. At 2x the kernel, CI failed it: timed fully, the
+    # kernel ran 2.3x its quiet time beside the other process; at 1 ms one time slice of the other process in that call
+    # would be enough.
+    assert per_call < jitter / 100, per_call
     evaluator = dict(number=1, repeat=3, min_repeat_ms=5, enable_cpu_cache_flush=False)
     secs = time_function(OverNetwork(), device, [args], evaluator, screen_above=jitter / 2)
     assert len(secs) == 3 and max(secs) < jitter / 2, (secs, per_call)

@@ -232,7 +232,9 @@ def test_a_batch_round_from_a_store_is_searched_with_what_xgb_learned_from_it(tm
     """`tunecore dataset export-batch --search ansor --cost-model xgb --store S`: the next round of a search whose
     measurements are made elsewhere. On the synthetic landscape (``tiled_latency``: values, not timings), the 48
     uniform programs in the store teach xgb, and the 16 programs ansor then proposes are faster (median) than the
-    16 it proposes with no model, and than the store's; none of them was measured before."""
+    16 it proposes with no model, and than the store's; none of them was measured before. Over seeds 0-4 (geometric
+    mean and median of the ratios), as the test above: with one seed, derived from the task whose key holds the
+    host's mcpu, it failed on a Zen 4 (xgb 0.450 ms against 0.4125 ms with no model)."""
     from tunecore.dataset.batch import export_batch
     from tunecore.interfaces import Candidate
     from tunecore.targets import resolve_target
@@ -241,21 +243,30 @@ def test_a_batch_round_from_a_store_is_searched_with_what_xgb_learned_from_it(tm
 
     target = resolve_target("llvm")
     (task,) = extract_tasks(load_workload("op:matmul-256"), target)
-    registry, store = Registry(), MemoryStore()
-    uniform = registry.get("search", "random")(cost_model=registry.get("cost_model", "none")(), store=store, seed=0)
-    Tuner(search=uniform, cost_model=uniform.cost_model, store=store,
-          measurer=InstantMeasurer(target, latency=tiled_latency), seed=0, round_size=16).tune([task], 48)
-    measured = store.records(task.task_id)
-    median = {"store": np.median([r.latency for r in measured])}
-    for model in ("xgb", "none"):
-        report = export_batch(str(tmp_path / model), ["op:matmul-256"], target, 16, search="ansor", cost_model=model,
-                              store=store, options={"xgb": {"min_data": 16}}, registry=registry)
-        assert report["measured_before"] == 48 and report["built"] == 16
-        programs = json.load(open(tmp_path / model / "manifest.json"))["programs"]
-        assert not {p["key"] for p in programs} & {r.key for r in measured}
-        median[model] = np.median([tiled_latency(Candidate(task, p["trace"])) for p in programs])
-    print("median tiled latency:", median)
-    assert median["xgb"] < 0.8 * median["none"] and median["xgb"] < 0.8 * median["store"]
+    registry = Registry()
+    ratios: dict[str, list[float]] = {"none": [], "store": []}
+    for seed in range(5):
+        store = MemoryStore()
+        uniform = registry.get("search", "random")(cost_model=registry.get("cost_model", "none")(), store=store,
+                                                   seed=seed)
+        Tuner(search=uniform, cost_model=uniform.cost_model, store=store,
+              measurer=InstantMeasurer(target, latency=tiled_latency), seed=seed, round_size=16).tune([task], 48)
+        measured = store.records(task.task_id)
+        median = {"store": np.median([r.latency for r in measured])}
+        for model in ("xgb", "none"):
+            out = tmp_path / f"{model}-{seed}"
+            report = export_batch(str(out), ["op:matmul-256"], target, 16, search="ansor", cost_model=model,
+                                  seed=seed, store=store, registry=registry,
+                                  options={"xgb": {"min_data": 16}, "ansor": {"population": 64, "iterations": 2}})
+            assert report["measured_before"] == 48 and report["built"] == 16
+            programs = json.load(open(out / "manifest.json"))["programs"]
+            assert not {p["key"] for p in programs} & {r.key for r in measured}
+            median[model] = np.median([tiled_latency(Candidate(task, p["trace"])) for p in programs])
+        for other in ratios:
+            ratios[other].append(median["xgb"] / median[other])
+    print("median tiled latency of xgb's over no model's and the store's, per seed:", ratios)
+    for per_seed in ratios.values():
+        assert float(np.exp(np.mean(np.log(per_seed)))) <= 0.8 and float(np.median(per_seed)) <= 0.8
 
 
 # The role contracts, as a third-party author would check them (settings: reproducible from the seed, quick).
