@@ -258,21 +258,18 @@ def cpu_descriptor(mcpu: str, cores: int, features: set[str]) -> dict[str, Any]:
 
 
 def gpu_descriptor(kind: str, arch: str, dev: Any, *, remote: bool = False) -> dict[str, Any]:
-    """The GPU ``dev`` used with code compiled for ``arch``: device_descriptor's, a runtime-only batch runner's, and a
-    plain RPC server's (``remote``: its L2 size cannot be read from here)."""
-    desc = {"kind": kind, "arch": arch, **gpu_fields(dev)}
-    if kind == "cuda" and "gpu" in desc and not remote:
-        desc["l2_bytes"] = _cuda_l2_bytes()
-    return desc
-
-
-def gpu_fields(dev: Any) -> dict[str, Any]:
-    """What TVM's runtime tells about a GPU (here, or an RPC session's); {} when there is none."""
+    """The GPU ``dev`` (here, or an RPC session's) used with code compiled for ``arch``, as TVM's runtime tells it:
+    device_descriptor's, a runtime-only batch runner's, and a plain RPC server's (``remote``: its L2 size cannot be
+    read from here). Without the device, the kind and arch alone."""
+    desc: dict[str, Any] = {"kind": kind, "arch": arch}
     if not dev.exist:
-        return {}
-    return dict(gpu=dev.device_name, sm_count=dev.multi_processor_count, clock_mhz=dev.max_clock_rate / 1000,
+        return desc
+    desc.update(gpu=dev.device_name, sm_count=dev.multi_processor_count, clock_mhz=dev.max_clock_rate / 1000,
                 memory_bytes=dev.total_global_memory, max_shared_memory_per_block=dev.max_shared_memory_per_block,
                 warp_size=dev.warp_size)
+    if kind == "cuda" and not remote:
+        desc["l2_bytes"] = _cuda_l2_bytes()
+    return desc
 
 
 # What makes two descriptions the same device: a fixed list, so that describing more (a new key, a
