@@ -1,5 +1,7 @@
 """The local measurer: a builder, a runner and profilers; crashes and timeouts are results."""
 
+import time
+
 import pytest
 
 from tunecore import hookimpl
@@ -197,30 +199,35 @@ def _matmul_of_16_rows(target):
     return library, device, args, library.time_evaluator(library.entry_name, device, number=200, repeat=3)(*args).min
 
 
+class _CallsSlowedBy:
+    """A loaded library whose entry function, called from here, takes ``seconds`` more; its time_evaluator (the
+    device's own timer) does not."""
+
+    def __init__(self, seconds, library):
+        self.seconds, self.library, self.entry_name = seconds, library, library.entry_name
+
+    def __getitem__(self, name):
+        return lambda *a: (time.sleep(self.seconds), self.library[name](*a))
+
+    def time_evaluator(self, *a, **k):
+        return self.library.time_evaluator(*a, **k)
+
+
 def test_a_call_overhead_above_the_call_does_not_multiply_the_calls(target, monkeypatch):
     """An RPC session's round trips are timed apart from the first call; when they come out longer than it (a kernel
     of microseconds, network jitter), a repeat still asks for about ``min_repeat_ms`` of calls (at most 4x),
     not ``min_repeat_ms`` / 1e-7 of them (half a million: a 20 s timed-out result, the suite's flake over RPC)."""
-    import time
-
     from tvm.s_tir.meta_schedule.runner import utils
 
     from tunecore.measure.worker import time_function
 
     library, device, args, _ = _matmul_of_16_rows(target)
-    least_call = 0.002
-
-    class SlowCall:  # every call takes at least least_call, however loaded the machine: a bound no timing can break
-        entry_name = library.entry_name
-
-        def __getitem__(self, name):
-            return lambda *a: (time.sleep(least_call), library[name](*a))
-
+    least_call = 0.002  # every call takes at least that, however loaded the machine: a bound no timing can break
     # CI's flake: a bound from the kernel's own timing (taken beside the other test process) sat below a quiet call.
     asked = []
     monkeypatch.setattr(utils, "run_evaluator_common", lambda module, dev, config, a: asked.append(config) or [1.0])
-    time_function(SlowCall(), device, [args], dict(number=1, repeat=3, min_repeat_ms=50, enable_cpu_cache_flush=False),
-                  None, call_overhead=1.0)
+    evaluator = dict(number=1, repeat=3, min_repeat_ms=50, enable_cpu_cache_flush=False)
+    time_function(_CallsSlowedBy(least_call, library), device, [args], evaluator, None, call_overhead=1.0)
     assert 1 <= asked[0].number <= 4 * 0.05 / least_call, asked[0].number
 
 
@@ -247,21 +254,10 @@ def test_a_screened_candidate_is_timed_again_by_the_device(target):
     """Over RPC a call timed by the host carries the network's jitter, for a kernel of tens of microseconds several
     times the kernel: the screen's second look is timed on the device, so the best program itself, measured again,
     is timed fully, not returned as one jittered timing (CI's flake: 16 rows of a matmul measured 2x too slow)."""
-    import time
-
     from tunecore.measure.worker import time_function
 
     library, device, args, per_call = _matmul_of_16_rows(target)
     jitter = 0.02
-
-    class OverNetwork:  # the library as a host sees it through a jittery link; the device's own timer does not
-        entry_name = library.entry_name
-
-        def __getitem__(self, name):
-            return lambda *a: (time.sleep(jitter), library[name](*a))
-
-        def time_evaluator(self, *a, **k):
-            return library.time_evaluator(*a, **k)
 
     # The screen and the bound sit at half the jitter, 100-400x the kernel (50-120 us here, the slower beside the
     # other test process): a host-timed look is above them whatever the load, a device-timed one below them unless
@@ -270,5 +266,6 @@ def test_a_screened_candidate_is_timed_again_by_the_device(target):
     # would be enough.
     assert per_call < jitter / 100, per_call
     evaluator = dict(number=1, repeat=3, min_repeat_ms=5, enable_cpu_cache_flush=False)
-    secs = time_function(OverNetwork(), device, [args], evaluator, screen_above=jitter / 2)
+    # the library as a host sees it through a jittery link; the device's own timer does not
+    secs = time_function(_CallsSlowedBy(jitter, library), device, [args], evaluator, screen_above=jitter / 2)
     assert len(secs) == 3 and max(secs) < jitter / 2, (secs, per_call)
