@@ -64,11 +64,14 @@ def test_a_resumed_profiling_keeps_every_chunks_ncu_output(tmp_path, monkeypatch
     fake.parent.mkdir()
     from tunecore_ncu_costmodel.ncu_csv import COMMAND  # ncu's own arguments, before the profiled command
 
-    fake.write_text(f'#!/bin/sh\nshift {len(COMMAND)}\n"$@" > /dev/null 2>&1\nsed -n 4,6p "{FIXTURE}"\n')
+    fake.write_text(f'#!/bin/sh\nshift {len(COMMAND)}\n"$@" > /dev/null 2>&1\nsed -n 4,6p "{FIXTURE}"\n'
+                    'echo "==WARNING== a stand-in warning" >&2\n')
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
     first, second = (profile_batch(str(batch), limit=1, chunk=1) for _ in range(2))
     assert first["profiled"] == second["profiled"] == 1
     profiles = json.load(open(batch / "profiles.json"))
     assert len(profiles) == 2
-    assert sorted(f for f in os.listdir(batch) if f.startswith("ncu-")) == sorted(f"ncu-{i}.csv" for i in profiles)
+    assert sorted(f for f in os.listdir(batch) if f.startswith("ncu-")) == sorted(f"ncu-{i}.{kind}" for i in profiles
+                                                                              for kind in ("csv", "log"))
+    assert all("stand-in warning" in open(batch / f"ncu-{i}.log").read() for i in profiles)

@@ -295,9 +295,13 @@ def _profile_chunk(tool: str, directory: str, ids: list[str], programs: dict[str
                "--call-once", ids_file]
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     # ncu's own output, kept for a re-reading; named by the chunk's first program (a chunk of other programs has
-    # another name; only the same chunk profiled again, its launches unmatched before, replaces its file)
+    # another name; only the same chunk profiled again, its launches unmatched before, replaces its file). Its log
+    # (the profiled process's errors; ncu's own ==ERROR== and ==WARNING== lines where they go there) is what says
+    # why a chunk's launches did not match
     with open(os.path.join(directory, f"ncu-{ids[0]}.csv"), "w") as f:
         f.write(done.stdout)
+    with open(os.path.join(directory, f"ncu-{ids[0]}.log"), "w") as f:
+        f.write(done.stderr)
     with open(os.path.join(directory, "calls.json")) as f:
         calls = json.load(f)
     try:
