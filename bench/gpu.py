@@ -55,6 +55,11 @@ def gpu_line() -> dict:
             "cuda_driver_version": text(["nvidia-smi"]).split("CUDA Version:")[-1].split()[0:1]}
 
 
+def gpu_name(gpu: dict) -> str:
+    """The GPU's name in a ``gpu_line`` (what nvidia-smi said first, or that it was unavailable)."""
+    return gpu.get("nvidia_smi", "").split(",")[0]
+
+
 def ops(args) -> None:
     from tunecore.experiments import remeasure_together
     from tunecore.targets import resolve_target
@@ -242,6 +247,11 @@ def report(args) -> None:
         merged["previous"] = {"command": previous.get("command"), "gpu": previous.get("gpu")}
         merged["gpu"] = previous.get("gpu", {})  # the same GPU kind: the runs of this report say so beside it
     for work in args.work_dirs:
+        here = os.path.join(work, "gpu.json")
+        if os.path.exists(here) and merged.get("gpu") and gpu_name(json.load(open(here))) != gpu_name(merged["gpu"]):
+            print(f"gpu.py report: {work} ran on {gpu_name(json.load(open(here)))!r}, the report's other runs on "
+                  f"{gpu_name(merged['gpu'])!r}: one report per GPU (another --out, without --previous)", file=sys.stderr)
+            raise SystemExit(2)
         path = os.path.join(work, "ops.json")
         if os.path.exists(path):
             data = json.load(open(path))
