@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Makes here, before a lent GPU's calls, everything they carry (docs/gpu.md, "Next time a GPU is lent"): the wheels,
 # TVM's runtime and its compiler in parts (bench/gpu_carry.sh), the batches of issue 39's open items, and the folder
-# .gpu/up that bench/gpu_batches.sh reads there. About 45 min on 2 cores; run it in the background as soon as a GPU
+# .gpu/up that bench/gpu_batches.sh reads there. About 40 min on 2 cores; run it in the background as soon as a GPU
 # is lent (or before), nothing else heavy beside it:
 #
 #   mkdir -p .gpu && nohup bash bench/gpu_prepare.sh > .gpu/prepare.log 2>&1 &
