@@ -248,18 +248,19 @@ def report(args) -> None:
         merged["gpu"] = previous.get("gpu", {})  # the same GPU kind: the runs of this report say so beside it
     for work in args.work_dirs:
         here = os.path.join(work, "gpu.json")
-        ran_on = gpu_name(json.load(open(here))) if os.path.exists(here) else None
-        if ran_on is not None and merged.get("gpu") and ran_on != gpu_name(merged["gpu"]):
-            print(f"gpu.py report: {work} ran on {ran_on!r}, the report's other runs on {gpu_name(merged['gpu'])!r}: "
-                  "one report per GPU (another --out, without --previous)", file=sys.stderr)
+        ran_on = json.load(open(here)) if os.path.exists(here) else None
+        if ran_on is not None and merged.get("gpu") and gpu_name(ran_on) != gpu_name(merged["gpu"]):
+            print(f"gpu.py report: {work} ran on {gpu_name(ran_on)!r}, the report's other runs on "
+                  f"{gpu_name(merged['gpu'])!r}: one report per GPU (another --out, without --previous)",
+                  file=sys.stderr)
             raise SystemExit(2)
         path = os.path.join(work, "ops.json")
         if os.path.exists(path):
             data = json.load(open(path))
             merged.update(trials=data["trials"], gpu=data["gpu"], environment=data["environment"])
             merged["ops"].update(data["ops"])
-        if os.path.exists(os.path.join(work, "gpu.json")):
-            merged["gpu"] = json.load(open(os.path.join(work, "gpu.json")))
+        if ran_on is not None:
+            merged["gpu"] = ran_on
         if os.path.exists(os.path.join(work, "runs.json")):  # each run's own best, also of runs not re-measured
             for key, run in json.load(open(os.path.join(work, "runs.json"))).items():
                 if key == experiments.MADE_ON:
