@@ -58,12 +58,14 @@ def main() -> None:
     if args.draws < 1:
         parser.error(f"--draws {args.draws}: expected an integer >= 1")
 
-    import pyarrow.parquet as pq
-
+    from tunecore.errors import UsageError
     from tunecore.targets import resolve_target
     from tunecore.workloads import extract_tasks, load_workload
 
-    target_json = pq.read_table(args.dataset, columns=["target"]).column("target")[0].as_py()
+    try:
+        target_json = experiments.dataset_target(args.dataset)
+    except UsageError as error:
+        parser.error(str(error))
     target = resolve_target(target_json)
     report = {"command": command_line("gpu_limits.py"), "environment": environment(), "target": target_json,
               "draws": args.draws, "tasks": []}

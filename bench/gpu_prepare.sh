@@ -24,7 +24,8 @@ step() {  # step NAME OUTPUT... -- COMMAND...: runs COMMAND unless NAME ended be
   touch ".gpu/$name.done"
 }
 bash bench/gpu_carry.sh
-python -c "import pyarrow.parquet as pq; open('.gpu/h100.json', 'w').write(pq.read_table('datasets/gpu-h100.parquet', columns=['target']).column('target')[0].as_py())"
+python -c "from tunecore.experiments import dataset_target; print(dataset_target('datasets/gpu-h100.parquet'), end='')" \
+  > .gpu/h100.json
 H100=$(cat .gpu/h100.json)
 # BERT-base's matmuls, 128 random programs a task (seeds 0 and 1 are in the dataset): ncu's next 768 profiles
 step b-bert2 .gpu/b-bert2 -- tunecore dataset export-batch --target "$H100" --model zoo:bert-base --kernels matmul \

@@ -64,13 +64,15 @@ def main() -> None:
     columns = {f"{label}{'' if on == 'on' else ', no limits'}": (path, on == "on")
                for label, path in files.items() for on in limits}
 
-    import pyarrow.parquet as pq
-
     from tunecore.dataset.batch import export_batch
+    from tunecore.errors import UsageError
     from tunecore.targets import resolve_target
     from tunecore.workloads import extract_tasks, has_kernel, load_workload
 
-    target_json = pq.read_table(args.dataset, columns=["target"]).column("target")[0].as_py()
+    try:
+        target_json = experiments.dataset_target(args.dataset)
+    except UsageError as error:
+        parser.error(str(error))
     target = resolve_target(target_json)
     models, kernels = args.models.split(","), tuple(filter(None, args.kernels.split(",")))
     report = {"command": command_line("tlm_gpu.py"), "environment": environment(), "target": target_json,

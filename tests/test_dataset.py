@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
-from tunecore import hookimpl
+from tunecore import experiments, hookimpl
 from tunecore.builtin.random_search import RandomSearch
 from tunecore.data import MeasureResult
 from tunecore.dataset.evaluate import evaluate, ranking_metrics
@@ -50,6 +50,10 @@ def test_collect_measures_per_task_with_device_identity(collected):
     primary = first["devices"][0]["device_id"]  # not rows[0]: the file orders rows by task, then device id
     assert all(sum(map(is_usable, dataset.rows_of(key, primary))) == 8 for key in dataset.tasks)
     assert dataset.devices[primary]["cpu"] and dataset.devices[primary]["cores"] >= 1
+    target_of = {r.device_id: r.target for r in dataset.rows}  # each device measured with one target
+    assert info["devices"][primary]["targets"] == [target_of[primary]] and len(target_of) == 2
+    with pytest.raises(UsageError, match="2 targets; expected a dataset measured with one"):  # remeasured: 2
+        experiments.dataset_target(str(path))
     by = {r.collected_by for r in dataset.rows}
     assert by == {"random"} and all(r.trace and r.program_key for r in dataset.rows)
 

@@ -186,8 +186,10 @@ class Dataset:
         ok_by_device: collections.Counter = collections.Counter()
         clean_by_device: collections.Counter = collections.Counter()
         spreads: dict[str, list[float]] = collections.defaultdict(list)
+        targets: dict[str, set[str]] = collections.defaultdict(set)
         for row in self.rows:
             by_task[row.task_key][row.device_id] += 1
+            targets[row.device_id].add(row.target)
             ok_by_device[row.device_id] += row.latency is not None
             clean_by_device[row.device_id] += is_clean(row)
             if row.spread is not None:
@@ -213,7 +215,8 @@ class Dataset:
                            "measured": ok_by_device[identity], "clean": clean_by_device[identity],
                            "median_spread": (round(statistics.median(spreads[identity]), 5) if spreads[identity]
                                              else None),
-                           "anchor_drift": anchor_drift(self.collections, identity), "device": d}
+                           "anchor_drift": anchor_drift(self.collections, identity), "device": d,
+                           "targets": sorted(targets[identity])}
                 for identity, d in sorted(self.devices.items(), key=lambda item: -rows_by_device[item[0]])
             },
             "workloads": dict(sorted(workloads.items())),

@@ -67,6 +67,17 @@ def dataset_record(path: str, info: dict[str, Any], **more: Any) -> dict[str, An
             "devices": {d: v["description"] for d, v in info["devices"].items()}, **more}
 
 
+def dataset_target(path: str) -> str:
+    """The target (JSON) a dataset of one device was measured with: what to build for to add to it."""
+    from tunecore.dataset.table import Dataset
+    from tunecore.errors import UsageError
+
+    targets = [t for device in Dataset.load(path).info()["devices"].values() for t in device["targets"]]
+    if len(targets) != 1:
+        raise UsageError(f"{path}: {len(targets)} targets; expected a dataset measured with one")
+    return targets[0]
+
+
 def dataset_line(data: dict[str, Any]) -> str:
     """The sentence a result page opens with about its dataset (``data``: ``dataset_record``)."""
     return (f"Dataset `{data['path']}`: {data['measured']} measured programs ({data['rows']} rows) of {data['tasks']} "
