@@ -161,7 +161,7 @@ def network_export(args) -> None:
     np.savez(os.path.join(args.work, "reference.npz"), *cpu.outputs())
     with open(os.path.join(args.work, "network.json"), "w") as f:
         json.dump({"model": args.model, "specs": specs, "target": args.target, "kind": target.kind.name,
-                   "store": args.store, "num_input": num_input(workload),
+                   "store": args.store, "about": args.about, "num_input": num_input(workload),
                    "tasks_total": len(tasks), "tasks_tuned": covered, "records_best_ms": best_ms}, f, indent=1)
     print(f"{args.work}: {args.model} with {covered}/{len(tasks)} tasks tuned", file=sys.stderr)
 
@@ -248,7 +248,9 @@ def report(args) -> None:
         merged["gpu"] = previous.get("gpu", {})  # the same GPU kind: the runs of this report say so beside it
     for work in args.work_dirs:
         here = os.path.join(work, "gpu.json")
-        ran_on = json.load(open(here)) if os.path.exists(here) else None
+        timed = [json.load(open(os.path.join(work, name))) for name in sorted(os.listdir(work))
+                 if name.startswith("network-time-") and name.endswith(".json")]  # a network directory's
+        ran_on = json.load(open(here)) if os.path.exists(here) else next((t["gpu"] for t in timed), None)
         if ran_on is not None and merged.get("gpu") and gpu_name(ran_on) != gpu_name(merged["gpu"]):
             print(f"gpu.py report: {work} ran on {gpu_name(ran_on)!r}, the report's other runs on "
                   f"{gpu_name(merged['gpu'])!r}: one report per GPU (another --out, without --previous)",
@@ -267,11 +269,11 @@ def report(args) -> None:
                     continue
                 merged["during_runs"][key] = {k: run.get(k) for k in ("wall_s", "measured", "errors",
                                                                          "best_latency_s")}
+        for data in timed:
+            key = f"{data['model']} ({data['about']})" if data.get("about") else data["model"]
+            merged.setdefault("networks_runtime_only", {})[key] = data
         for name in os.listdir(work):
-            if name.startswith("network-time-") and name.endswith(".json"):
-                data = json.load(open(os.path.join(work, name)))
-                merged.setdefault("networks_runtime_only", {})[data["model"]] = data
-            elif name.startswith("network-") and name.endswith(".json"):
+            if name.startswith("network-") and not name.startswith("network-time-") and name.endswith(".json"):
                 data = json.load(open(os.path.join(work, name)))
                 merged["networks"][data["model"]] = data
     if args.dataset and os.path.exists(args.dataset):
@@ -384,8 +386,9 @@ def markdown(report: dict) -> str:
                       f"torch {eager.get('torch', '?')})"]
         else:
             lines.append(f"- compile failed: {data.get('compile_error', '')[-500:]}")
-    for model, data in report.get("networks_runtime_only", {}).items():
-        lines += ["", f"## {model}: built on the CPU machine, run on the GPU with TVM's runtime alone", "",
+    for data in report.get("networks_runtime_only", {}).values():
+        lines += ["", f"## {data['model']}: {data.get('about') or 'built on the CPU machine'}, run on the GPU with "
+                  "TVM's runtime alone", "",
                   f"Schedules: the best record of each task in `{data['store']}` ({data['tasks_tuned']}/"
                   f"{data['tasks_total']} tasks), each measured on this GPU; untuned: TVM's default GPU schedules "
                   "(dlight). Outputs against the untuned build's on the host CPU, same seeded inputs and weights. "
@@ -431,6 +434,7 @@ def main() -> None:
     e.add_argument("--target", required=True, help="the GPU's target (a JSON target, as the batches use)")
     e.add_argument("--store", required=True, help="records measured on that GPU")
     e.add_argument("--work", required=True, help="the directory to write (then carried to the GPU machine)")
+    e.add_argument("--about", default="", help="where the store's records came from, for the report")
     t = sub.add_parser("network-time")
     t.add_argument("directories", nargs="+")
     r = sub.add_parser("report")

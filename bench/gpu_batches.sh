@@ -17,6 +17,11 @@
 # per operator side by side for OPS_SECONDS less 90 s, each one's searches in turn (OPS_TRIALS each, default 64;
 # a run the deadline cuts is left out), then each operator's best programs re-measured with the GPU otherwise
 # idle; $OUT gets ops.tar.gz (each operator's ops.json, runs.json, the runs' stores and MetaSchedule's databases).
+#
+# With NETWORK_ROUND set (a batch's name as packed, e.g. r18-ansor1-p512: a search round) and TVM's compiler
+# installed, that batch's network (NETWORK_MODEL, default resnet-18) is built here right after the batch is timed,
+# from the carried store (DIR/*.db.xz, the one the round was searched from) and the round's results, and timed
+# against PyTorch eager (bench/gpu_round_network.sh; its report comes back in results.tar.xz).
 set -uo pipefail
 START=$SECONDS
 LIMIT=${1:?seconds}
@@ -42,7 +47,8 @@ cat "$W/gpu.log"
 
 OPS="matmul-1024 conv2d-resnet50-c2 dense-bert"
 METHODS=ansor+xgb,metaschedule,tlm  # in this order within an operator: a deadline cuts the last
-if [ "${OPS_SECONDS:-0}" -gt 0 ] && [ -f /tmp/tunecore/site/tvm/lib/libtvm_compiler.so ]; then
+COMPILER=/tmp/tunecore/site/tvm/lib/libtvm_compiler.so  # installed by bench/gpu_device.sh once all parts are in
+if [ "${OPS_SECONDS:-0}" -gt 0 ] && [ -f "$COMPILER" ]; then
   OPS_END=$((SECONDS + OPS_SECONDS))
   pids=""
   for op in $OPS; do  # each its own process group, stopped whole at the deadline
@@ -89,6 +95,15 @@ for batch in $BATCHES; do  # every batch timed, in the order carried
   [ "$limit" -gt 5 ] || break
   $TIME "$batch" --limit-s "$limit" > "$W/time-$(basename "$batch").log" 2>&1
   tail -n 2 "$W/time-$(basename "$batch").log"
+  if [ -n "${NETWORK_ROUND:-}" ] && [[ $batch == *-"$NETWORK_ROUND" ]] && [ -f "$COMPILER" ]; then
+    limit=$(($(left) - NCU - 20))  # the search round's network, built here and timed against PyTorch eager
+    net="$W/net-$(basename "$batch")"
+    if [ "$limit" -gt 60 ]; then
+      timeout "$limit" bash bench/gpu_round_network.sh "$batch" "$CARRIED"/*.db.xz "${NETWORK_MODEL:-resnet-18}" \
+        "$net" > "$net.log" 2>&1
+      tail -n 30 "$net.log"
+    else echo "network of $(basename "$batch"): $limit s left, not built"; fi
+  fi
 done
 PROFILED=$(ls -d "$W"/b-*-"${NCU_BATCH:-}"* 2>/dev/null | head -n 1)  # NCU_BATCH: its name as packed, e.g. bert2
 if [ "$NCU" -gt 0 ] && [ -n "$PROFILED" ] && [ "$(left)" -gt 25 ]; then

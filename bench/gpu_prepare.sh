@@ -45,7 +45,8 @@ W=(--weights shipped=shipped --weights h100-1500=.gpu/tlm-cuda-1500.pt --out .gp
 step tlm-ops .gpu/b-tlm_gpu-{shipped,h100-1500}{,-nolimits} -- python bench/tlm_gpu.py "${W[@]}"
 step tlm-bert .gpu/b-tlm_gpu-bert-base-{shipped,h100-1500}{,-nolimits} -- python bench/tlm_gpu.py "${W[@]}" \
   --models zoo:bert-base --kernels matmul --name tlm_gpu-bert-base
-# timed there in this order; ncu profiles the batch NCU_BATCH names (bert2)
+# timed there in this order; ncu profiles the batch NCU_BATCH names (bert2); the store ResNet-18's round was searched
+# from, for its network built there (NETWORK_ROUND)
 step up .gpu/up -- bash bench/gpu_pack.sh .gpu/up b-r18-ansor1-p512 b-tlm_gpu-shipped b-tlm_gpu-h100-1500 \
-  b-tlm_gpu-bert-base-shipped b-tlm_gpu-bert-base-h100-1500 b-bert2
+  b-tlm_gpu-bert-base-shipped b-tlm_gpu-bert-base-h100-1500 b-bert2 h100.db
 echo "$(date +%T) ready: bash bench/gpu_tree.sh slim, then the two calls of docs/gpu.md"
