@@ -7,7 +7,7 @@ import pytest
 
 from tunecore.data import MeasureResult
 from tunecore.dataset import protocol
-from tunecore.dataset.evaluate import best_scale, fixed_size_groups, latency_metrics, noise_ceiling
+from tunecore.dataset.evaluate import best_scale, fixed_size_groups, latency_metrics, noise_ceiling, table_rows
 from tunecore.dataset.split import Split
 from tunecore.dataset.table import Dataset, DatasetTask, Measurement
 from tunecore.errors import UsageError
@@ -190,6 +190,9 @@ def test_the_ceiling_scores_second_labels_as_a_prediction_of_the_first():
     assert ceiling["programs"] == 4 and ceiling["mape"] == pytest.approx(0.02 / 1.0, abs=1e-4)
     assert ceiling["spearman"] == 1.0 and ceiling["mape_task_normalised"] == 0.0
     assert noise_ceiling(_groups(4), no_split, seed=0) == {"programs": 0}
+    result = {"test": {"measurements": 12}, "models": {"m": {"spearman": 0.5}},
+              "references": {"floor": {"spearman": 0.0}, "ceiling": ceiling}}  # the ceiling on 4 of the 12
+    assert list(table_rows(result)) == ["m", "floor", "ceiling, 4 of 12 programs"]
 
 
 def test_fixed_size_groups_are_disjoint_and_leave_out_smaller_groups():

@@ -98,13 +98,18 @@ def evaluate(dataset: Dataset, split: Split, models: Sequence[str] | Mapping[str
 
 
 def table_rows(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """An ``evaluate`` result's rows: each model, its ensemble's members after it, then the references."""
+    """An ``evaluate`` result's rows: each model, its ensemble's members after it, then the references (one that
+    stands on fewer programs than the models, as second labels may, says on how many: its ranks are not theirs)."""
     rows = {}
     for name, metrics in result["models"].items():
         rows[name] = {k: v for k, v in metrics.items() if k != "members"}
         for i, member in enumerate(metrics.get("members", [])):
             rows[f"{name} member {i + 1}"] = member
-    return {**rows, **result.get("references", {})}
+    tested = result["test"]["measurements"]
+    for name, metrics in result.get("references", {}).items():
+        fewer = metrics.get("programs", tested) < tested
+        rows[f"{name}, {metrics['programs']} of {tested} programs" if fewer else name] = metrics
+    return rows
 
 
 def fixed_size_groups(test: list, size: int, seed: int) -> list:
