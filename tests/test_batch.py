@@ -110,6 +110,46 @@ def test_a_round_from_a_store_builds_only_programs_not_measured_before(batch, tm
     assert out["built"] == 3 and list(out["split"].values()) == [3]
 
 
+def test_a_datasets_own_programs_timed_again_in_a_batch_get_their_second_labels(tmp_path):
+    """--second-labels-of: the noise ceiling for a device without TVM's compiler (the H100's ncu study)."""
+    from tunecore.data import spread
+    from tunecore.dataset import Dataset
+
+    first, dataset = tmp_path / "first", tmp_path / "d.parquet"
+    common = ["--model", "op:matmul-64", "--target", "llvm", "--json"]
+    cli_json(run_cli("dataset", "export-batch", *common, "--per-task", "4", "--out", str(first)))
+    run_batch_runtime_only(first)
+    assert cli_json(run_cli("dataset", "import-batch", str(first), "--out", str(dataset), "--json"))["added"] == 4
+    again = tmp_path / "again"
+    out = cli_json(run_cli("dataset", "export-batch", *common, "--per-task", "3", "--tasks", "matmul-64",
+                           "--second-labels-of", str(dataset), "--out", str(again)))
+    assert out["built"] == 3
+    rows = {r.program_key: r for r in Dataset.load(str(dataset)).rows}
+    rebuilt = json.load(open(again / "manifest.json"))["programs"]
+    assert all(rows[p["key"]].trace == p["trace"] for p in rebuilt)  # the dataset's programs, not new ones
+    run_batch_runtime_only(again)
+    clean = [r for r in json.load(open(again / "results.json"))["results"].values() if spread(r["run_secs"]) <= 0.02]
+    imported = cli_json(run_cli("dataset", "import-batch", str(again), "--out", str(dataset), "--json"))
+    assert imported["added"] == 0 and imported["second_labels"] == len(clean)
+    # made again: the same 3 programs are chosen, and those that got their label are left out
+    out = cli_json(run_cli("dataset", "export-batch", *common, "--per-task", "3", "--second-labels-of", str(dataset),
+                           "--out", str(tmp_path / "rest")))
+    assert out["built"] == 3 - len(clean)
+    assert_one_line_exit_2(run_cli("dataset", "export-batch", *common, "--per-task", "3", "--tasks", "nosuch",
+                                   "--out", str(tmp_path / "o")), "--tasks: no task named nosuch in op:matmul-64")
+    assert_one_line_exit_2(run_cli("dataset", "export-batch", *common, "--per-task", "3", "--from-device", "x",
+                                   "--out", str(tmp_path / "o")), "--from-device: the device whose programs")
+    assert_one_line_exit_2(run_cli("dataset", "export-batch", *common, "--trials", "3", "--second-labels-of",
+                                   str(dataset), "--out", str(tmp_path / "o")),
+                           "not with --trials, --search or --store")
+    assert_one_line_exit_2(run_cli("dataset", "export-batch", *common, "--per-task", "3", "--second-labels-of",
+                                   str(dataset), "--from-device", "nosuch", "--out", str(tmp_path / "o")),
+                           "device nosuch: not one of the dataset's devices")
+    assert_one_line_exit_2(run_cli("dataset", "export-batch", "--model", "op:matmul-96x64x80", "--target", "llvm",
+                                   "--per-task", "3", "--second-labels-of", str(dataset), "--out",
+                                   str(tmp_path / "o")), "no program of these tasks to build again")
+
+
 def test_a_program_whose_outputs_differ_from_the_reference_is_a_failed_result(batch, tmp_path):
     import shutil
 

@@ -95,6 +95,15 @@ def add_commands(register: Any) -> None:
     batch.add_argument("--option", "-O", action="append", metavar="ROLE.KEY=VALUE",
                        help="the search's and cost model's options, as for `run`, e.g. -O search.weights=FILE")
     batch.add_argument("--kernels", type=names, default=[], help="only tasks of these operators (as for `collect`)")
+    batch.add_argument("--tasks", type=names, default=[], help="only tasks of these names (as `dataset info` lists)")
+    batch.add_argument("--second-labels-of", metavar="DATASET", default=None,
+                       help="instead of new programs, DATASET's programs of these tasks that have no second label "
+                            "yet (the first --per-task of a task, as `remeasure` takes them), measured on "
+                            "--from-device: timed on that device and imported back into DATASET, each gets its "
+                            "second label (the yardstick's noise ceiling)")
+    batch.add_argument("--from-device", default=None,
+                       help="with --second-labels-of: the device whose labels to repeat (id or prefix; default: the "
+                            "dataset's only device)")
     batch.add_argument("--out", "-o", required=True, help="the batch directory (created)")
     add_seed(batch, "the random programs")
     batch.add_argument("--json", action="store_true")
@@ -283,7 +292,7 @@ def _merge(args: argparse.Namespace) -> int:
 
 def _export_batch(args: argparse.Namespace) -> int:
     from tunecore import api
-    from tunecore.dataset.batch import export_batch
+    from tunecore.dataset.batch import export_batch, unrepeated_programs
     from tunecore.options import parse_options
     from tunecore.registry import Registry
     from tunecore.targets import resolve_target
@@ -298,6 +307,11 @@ def _export_batch(args: argparse.Namespace) -> int:
                          "neither")
     if args.scheduler and args.per_task:
         raise UsageError("--scheduler: splits --trials over the tasks; --per-task gives each the same")
+    if args.from_device and not args.second_labels_of:
+        raise UsageError("--from-device: the device whose programs --second-labels-of builds again")
+    if args.second_labels_of and (args.trials or args.search != "random" or args.store):
+        raise UsageError("--second-labels-of: the dataset's own programs again, --per-task of them a task; not with "
+                         "--trials, --search or --store")
     for role, name in (("search", args.search), ("cost_model", args.cost_model)):
         if name not in registry.names(role):
             raise UsageError(f"--{role.replace('_', '-')} {name}: not installed (installed: "
@@ -305,13 +319,15 @@ def _export_batch(args: argparse.Namespace) -> int:
     if args.search != "random":
         registry.check_target(target, search=args.search, cost_model=args.cost_model)
     options = parse_options(args.option, [args.search, args.cost_model])
+    dataset_programs = (unrepeated_programs(args.second_labels_of, args.from_device, target.kind.name, args.per_task,
+                                            args.seed) if args.second_labels_of else None)
     store = api.open_store(args.store, registry, create=False) if args.store else None
     try:
         report = _with_progress(args, lambda on_progress: export_batch(
             args.out, expand_models(args.model), target, args.per_task, trials=args.trials,
-            scheduler=args.scheduler or "gradient", kernels=tuple(args.kernels), seed=args.seed, search=args.search,
-            cost_model=args.cost_model, store=store, options=options, registry=registry,
-            on_progress=on_progress))
+            scheduler=args.scheduler or "gradient", kernels=tuple(args.kernels), task_names=tuple(args.tasks),
+            seed=args.seed, search=args.search, cost_model=args.cost_model, store=store, options=options,
+            dataset_programs=dataset_programs, registry=registry, on_progress=on_progress))
     finally:
         if store is not None:
             store.close()

@@ -11,8 +11,9 @@ from tunecore.measure.batch import MANIFEST, PROFILES, device_kernels, read_resu
 
 
 def export_batch(directory: str, workloads: list[str], target: Any, per_task: int | None, *,
-                 trials: int | None = None, scheduler: str = "gradient", kernels: tuple[str, ...] = (), seed: int = 0,
-                 search: str = "random", cost_model: str = "none", store: Any = None, options: dict | None = None,
+                 trials: int | None = None, scheduler: str = "gradient", kernels: tuple[str, ...] = (),
+                 task_names: tuple[str, ...] = (), seed: int = 0, search: str = "random", cost_model: str = "none",
+                 store: Any = None, options: dict | None = None, dataset_programs: dict[str, list[Any]] | None = None,
                  registry: Any = None, on_progress: Any = None) -> dict[str, Any]:
     """Build ``per_task`` programs of every task of ``workloads`` for ``target`` into ``directory``, with each task's
     reference outputs (its unscheduled program run here on the host CPU): uniform samples of its design space, or
@@ -26,7 +27,10 @@ def export_batch(directory: str, workloads: list[str], target: Any, per_task: in
 
     ``trials`` instead of ``per_task``: that many programs in all, split over the tasks as a run's ``scheduler``
     would give them out, from what the store's records say each task gains (tunecore.schedulers.plan); a task may
-    get none."""
+    get none.
+
+    ``dataset_programs`` (task key -> a dataset's rows, e.g. ``unrepeated_programs``): those programs again, from
+    their traces, instead of new ones; a task without any is left out. ``task_names``: only the tasks so named."""
     import dataclasses
     import shutil
 
@@ -34,7 +38,9 @@ def export_batch(directory: str, workloads: list[str], target: Any, per_task: in
 
     from tunecore.api import _construct
     from tunecore.check import weight_arguments, written_arguments
+    from tunecore.data import Candidate
     from tunecore.dataset.table import DatasetTask
+    from tunecore.errors import UsageError
     from tunecore.measure import worker
     from tunecore.measure.local import LocalBuilder
     from tunecore.options import options_for
@@ -59,8 +65,14 @@ def export_batch(directory: str, workloads: list[str], target: Any, per_task: in
         found: dict[str, Any] = {}  # a kernel two workloads share: once, as the first has it
         for spec in workloads:
             for t in extract_tasks(load_workload(spec), target):
-                if not kernels or has_kernel(t.kernel_class, kernels):
+                if (not kernels or has_kernel(t.kernel_class, kernels)) and (not task_names or t.name in task_names):
                     found.setdefault(t.workload_hash, t)
+        missing = set(task_names) - {t.name for t in found.values()}
+        if missing:
+            raise UsageError(f"--tasks: no task named {', '.join(sorted(missing))} in {', '.join(workloads)}")
+        if dataset_programs is not None and not any(dataset_programs.get(key) for key in found):
+            raise UsageError("no program of these tasks to build again: the dataset has none on that device, or "
+                             "each has its second label")
         history = {t.task_id: store.records(t.task_id) for t in found.values()} if store is not None else {}
         device = _device_of([r for records in history.values() for r in records])
         if any(history.values()):
@@ -70,7 +82,7 @@ def export_batch(directory: str, workloads: list[str], target: Any, per_task: in
         if trials is not None:
             wanted = _split(found, history, device, trials, scheduler, seed)
         for n, (key, task) in enumerate(found.items()):
-            if not wanted[key]:
+            if not wanted[key] or (dataset_programs is not None and not dataset_programs.get(key)):
                 continue
             reference, weights = None, weight_arguments(task.mod)
             built = host_builder.build([tvm.ir.save_json(task.mod)])[0]
@@ -81,13 +93,18 @@ def export_batch(directory: str, workloads: list[str], target: Any, per_task: in
             tasks[key] = {"args": task.args, "weights": weights, "reference": reference,
                           "task": dataclasses.asdict(DatasetTask.of(task))}
             measured = history.get(task.task_id, [])
-            if search == "random":
+            if dataset_programs is not None:
+                candidates = [Candidate(task, r.trace, r.program_key, r.origin) for r in dataset_programs[key]]
+            elif search == "random":
                 candidates = DesignSpace(task, seed).sample_new(wanted[key], {r.key for r in measured}, "random")
             else:
                 name = task.name if task.name not in written else f"{task.name} ({key[:8]})"  # two networks' names
                 candidates, report = _proposed(task, wanted[key], seed, search, options, registry, model, measured)
                 written[name] = {**report, "task_key": key}
-            for candidate, artifact in zip(candidates, builder.build([tvm.ir.save_json(c.mod) for c in candidates])):
+            replayed = [_replayed(c) for c in candidates]
+            artifacts = iter(builder.build([module for module, _ in replayed if module is not None]))
+            for candidate, (module, why) in zip(candidates, replayed):
+                artifact = next(artifacts) if module is not None else why
                 program = {"id": f"{key}-{candidate.key}", "task": key, "key": candidate.key,
                            "trace": candidate.trace_json, "origin": candidate.origin}
                 if isinstance(artifact, Artifact):
@@ -111,6 +128,38 @@ def export_batch(directory: str, workloads: list[str], target: Any, per_task: in
             **({"measured_before": sum(map(len, history.values()))} if store is not None else {}),
             **({"split": {f"{found[key].name} ({key[:8]})": n for key, n in wanted.items()}} if trials else {}),
             **({"search": search, "cost_model": cost_model, "written": written} if search != "random" else {})}
+
+
+def _replayed(candidate: Any) -> tuple[str | None, str | None]:
+    """The candidate's scheduled module (JSON) for the builder, or why there is none: a stored trace that no longer
+    replays is a failed build, not the batch's end."""
+    import tvm
+
+    try:
+        return tvm.ir.save_json(candidate.mod), None
+    except (RuntimeError, tvm.TVMError) as error:
+        return None, f"the trace did not replay: {(str(error).strip().splitlines() or [''])[-1][:300]}"
+
+
+def unrepeated_programs(path: str, device: str | None, kind: str, per_task: int | None,
+                        seed: int) -> dict[str, list[Any]]:
+    """Per task key, the programs the dataset at ``path`` measured on ``device`` (an id or its prefix; None: its only
+    device) that have no second label yet: the first ``per_task`` of a task in an order fixed by ``seed``, as
+    ``remeasure`` takes them (so a batch made again after importing the first leaves out what got its label)."""
+    from tunecore.dataset import protocol
+    from tunecore.dataset.collect import programs_to_remeasure
+    from tunecore.dataset.split import device_of
+    from tunecore.dataset.table import Dataset
+    from tunecore.errors import UsageError
+
+    dataset = Dataset.load(path)
+    if device is None and len(dataset.devices) != 1:
+        raise UsageError(f"{path}: {len(dataset.devices)} devices; name the one whose labels to repeat "
+                         "(--from-device, ids in `tunecore dataset info`)")
+    device_id = device_of(dataset, device) if device is not None else next(iter(dataset.devices))
+    repeated = {protocol.SECOND_LABEL, protocol.SECOND_FAILED}
+    chosen = programs_to_remeasure(dataset, kind, per_task, device_id, seed)
+    return {key: [r for r in rows if not repeated & r.profile.keys()] for key, rows in chosen.items()}
 
 
 def _device_of(records: list[Any]) -> str | None:

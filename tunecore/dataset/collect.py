@@ -193,7 +193,7 @@ def remeasure(path: str, target_spec: str | None = None, *, per_task: int | None
         _check_protocol(plan)
 
         def programs(source: str | None) -> dict[str, list[Measurement]]:
-            chosen = _programs_to_remeasure(dataset, kind, per_task, source, seed)
+            chosen = programs_to_remeasure(dataset, kind, per_task, source, seed)
             chosen = {key: rows for key, rows in chosen.items() if task_keys is None or key in task_keys}
             if not chosen:
                 raise UsageError(f"{path}: no successfully measured {kind} programs to remeasure"
@@ -357,8 +357,10 @@ def _tune_one(dataset: Dataset, task: Any, device_id: str, search_name: str, tri
         store.close()
 
 
-def _programs_to_remeasure(dataset: Dataset, kind: str, per_task: int | None, source_device: str | None,
-                           seed: int) -> dict[str, list[Measurement]]:
+def programs_to_remeasure(dataset: Dataset, kind: str, per_task: int | None, source_device: str | None,
+                          seed: int) -> dict[str, list[Measurement]]:
+    """Per task key, the programs of ``kind`` measured successfully on ``source_device`` (None: on any device), the
+    first ``per_task`` in an order fixed by ``seed``: the same ones each time."""
     import json
 
     chosen: dict[str, dict[str, Measurement]] = {}
