@@ -7,6 +7,9 @@
 #   mkdir -p .gpu && nohup bash bench/gpu_prepare.sh > .gpu/prepare.log 2>&1 &
 #
 # Resumable: a step that ended leaves .gpu/STEP.done and is skipped; one that was cut starts again from scratch.
+# The batches are issue 39's open items as they stand: once a GPU session has timed and imported one, replace it here
+# with what comes next (ResNet-18's next round from the grown store, BERT-base's next seed; b-again-ncu has nothing
+# left to build once its timings are imported, and export-batch says so).
 # Nothing tracked changes (tlm_gpu.py's reports go to .gpu/results); the tree is left whole (slim it just before
 # the calls: bash bench/gpu_tree.sh slim).
 set -euo pipefail
