@@ -14,8 +14,8 @@ xz -dc "$STORE" > "$NET/round.db"
 rm -f "$NET/round.parquet"  # the round's rows alone: the store has the rest
 python3 -m tunecore.cli dataset import-batch "$BATCH" --out "$NET/round.parquet"
 python3 -m tunecore.cli dataset import "$NET/round.parquet" --store "sqlite:$NET/round.db"
-TARGET=$(python3 -c "import json, sys; print(json.dumps(json.load(open(sys.argv[1]))['target'], sort_keys=True))" \
-  "$BATCH/manifest.json")  # as the batch's rows spell it: a task's id depends on it
+TARGET=$(python3 -c "import sys; from tunecore.experiments import dataset_target; print(dataset_target(sys.argv[1]))" \
+  "$NET/round.parquet")  # as the round's rows spell it: a task's id depends on it
 python3 bench/gpu.py network-export --model "$MODEL" --target "$TARGET" --store "sqlite:$NET/round.db" --work "$NET" \
   --about "the records of $(basename "$STORE" .xz) and of the search round $(basename "$BATCH") timed in the same call, \
 built on the GPU machine"
