@@ -65,8 +65,9 @@ def test_a_batch_is_timed_with_the_runtime_alone_checked_and_imported_as_rows(ba
     retimed = json.load(open(batch / "results.json"))["results"]
     again = cli_json(run_cli("dataset", "import-batch", str(batch), "--out", str(dataset), "--json"))
     from tunecore.data import spread
+    from tunecore.dataset.protocol import MAX_SPREAD
 
-    clean = [i for i, r in retimed.items() if spread(r["run_secs"]) <= 0.02]  # the label protocol's clean timings
+    clean = [i for i, r in retimed.items() if spread(r["run_secs"]) <= MAX_SPREAD]  # the label protocol's clean timings
     assert again["added"] == 0 and again["second_labels"] == len(clean)
     labelled = [r for r in Dataset.load(str(dataset)).rows if "label.second" in r.profile]
     assert len(labelled) == again["second_labels"]
@@ -114,6 +115,7 @@ def test_a_datasets_own_programs_timed_again_in_a_batch_get_their_second_labels(
     """--second-labels-of: the noise ceiling for a device without TVM's compiler (the H100's ncu study)."""
     from tunecore.data import spread
     from tunecore.dataset import Dataset
+    from tunecore.dataset.protocol import MAX_SPREAD
 
     first, dataset = tmp_path / "first", tmp_path / "d.parquet"
     common = ["--model", "op:matmul-64", "--target", "llvm", "--json"]
@@ -136,7 +138,7 @@ def test_a_datasets_own_programs_timed_again_in_a_batch_get_their_second_labels(
     steady["run_secs"] = [min(steady["run_secs"])] * len(steady["run_secs"])
     results_path.write_text(json.dumps(results))
     spreads = [spread(r["run_secs"]) for r in results["results"].values()]
-    clean = [s for s in spreads if s is not None and s <= 0.02]
+    clean = [s for s in spreads if s is not None and s <= MAX_SPREAD]
     assert 1 <= len(clean) <= 2
     imported = cli_json(run_cli("dataset", "import-batch", str(again), "--out", str(dataset), "--json"))
     assert imported["added"] == 0 and imported["second_labels"] == len(clean)
