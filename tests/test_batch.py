@@ -24,6 +24,15 @@ def run_batch_runtime_only(directory):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def clean_retimings(results):
+    """How many of a results.json's timings are clean by the label protocol's spread bound."""
+    from tunecore.data import spread
+    from tunecore.dataset.protocol import MAX_SPREAD
+
+    spreads = [spread(r["run_secs"]) for r in results.values()]
+    return sum(s is not None and s <= MAX_SPREAD for s in spreads)
+
+
 @pytest.fixture(scope="module")
 def batch(tmp_path_factory):
     directory = tmp_path_factory.mktemp("batch") / "b"
@@ -64,11 +73,7 @@ def test_a_batch_is_timed_with_the_runtime_alone_checked_and_imported_as_rows(ba
     run_batch_runtime_only(batch)
     retimed = json.load(open(batch / "results.json"))["results"]
     again = cli_json(run_cli("dataset", "import-batch", str(batch), "--out", str(dataset), "--json"))
-    from tunecore.data import spread
-    from tunecore.dataset.protocol import MAX_SPREAD
-
-    clean = [i for i, r in retimed.items() if spread(r["run_secs"]) <= MAX_SPREAD]  # the label protocol's clean timings
-    assert again["added"] == 0 and again["second_labels"] == len(clean)
+    assert again["added"] == 0 and again["second_labels"] == clean_retimings(retimed)
     labelled = [r for r in Dataset.load(str(dataset)).rows if "label.second" in r.profile]
     assert len(labelled) == again["second_labels"]
 
@@ -113,9 +118,7 @@ def test_a_round_from_a_store_builds_only_programs_not_measured_before(batch, tm
 
 def test_a_datasets_own_programs_timed_again_in_a_batch_get_their_second_labels(tmp_path):
     """--second-labels-of: the noise ceiling for a device without TVM's compiler (the H100's ncu study)."""
-    from tunecore.data import spread
     from tunecore.dataset import Dataset
-    from tunecore.dataset.protocol import MAX_SPREAD
 
     first, dataset = tmp_path / "first", tmp_path / "d.parquet"
     common = ["--model", "op:matmul-64", "--target", "llvm", "--json"]
@@ -137,15 +140,14 @@ def test_a_datasets_own_programs_timed_again_in_a_batch_get_their_second_labels(
     noisy["run_secs"] = [t * (1 + i % 2) for i, t in enumerate(noisy["run_secs"])]
     steady["run_secs"] = [min(steady["run_secs"])] * len(steady["run_secs"])
     results_path.write_text(json.dumps(results))
-    spreads = [spread(r["run_secs"]) for r in results["results"].values()]
-    clean = [s for s in spreads if s is not None and s <= MAX_SPREAD]
-    assert 1 <= len(clean) <= 2
+    clean = clean_retimings(results["results"])
+    assert 1 <= clean <= 2
     imported = cli_json(run_cli("dataset", "import-batch", str(again), "--out", str(dataset), "--json"))
-    assert imported["added"] == 0 and imported["second_labels"] == len(clean)
+    assert imported["added"] == 0 and imported["second_labels"] == clean
     # made again: the same 3 programs are chosen, and those that got their label are left out
     out = cli_json(run_cli("dataset", "export-batch", *common, "--per-task", "3", "--second-labels-of", str(dataset),
                            "--out", str(tmp_path / "rest")))
-    assert out["built"] == 3 - len(clean)
+    assert out["built"] == 3 - clean
     assert_one_line_exit_2(run_cli("dataset", "export-batch", *common, "--per-task", "3", "--tasks", "nosuch",
                                    "--out", str(tmp_path / "o")), "--tasks: no task named nosuch in op:matmul-64")
     assert_one_line_exit_2(run_cli("dataset", "export-batch", *common, "--per-task", "3", "--from-device", "x",
