@@ -148,7 +148,6 @@ def _records_import(args: argparse.Namespace, store: Any) -> int:
 def _records_check(args: argparse.Namespace, store: Any) -> int:
     """Each task's best record checked on this machine (tunecore.check.verify_best), the wrong ones marked failed."""
     from tunecore.check import verify_best
-    from tunecore.errors import UsageError
     from tunecore.measure.local import LocalMeasurer
     from tunecore.roles import RecordStore
 

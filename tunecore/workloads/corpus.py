@@ -279,8 +279,6 @@ def model_spec(name: str, directory: str) -> tuple[str, list[str]]:
 def export_onnx(module: Any, inputs: tuple, names: tuple[str, ...], dynamic: tuple[dict, ...], path: str) -> None:
     import warnings
 
-    import torch
-
     # a file of its own per process: two processes exporting the same model at once each rename a whole file
     partial = f"{path}.{os.getpid()}.partial"
     with warnings.catch_warnings(), torch.no_grad():

@@ -249,7 +249,7 @@ def test_pretrain_from_the_dataset_learns_every_measured_program_it_can_write(be
     """--from-dataset: the dataset's own programs (measured, so valid on their device) instead of random samples."""
     out = cli_json(run_cli("tlm", "pretrain", "-d", bert_tiny, "--exclude", "zoo:dcgan", "--from-dataset",
                            "--steps", "20", "--layers", "1", "--width", "32", "-o", str(tmp_path / "b.pt"), "--json"))
-    from tunecore_tlm_generator.training import Sketches, best_programs, task_targets
+    from tunecore_tlm_generator.training import best_programs
 
     dataset = Dataset.load(bert_tiny)
     pairs = task_targets(dataset, ["zoo:dcgan"])
@@ -391,8 +391,6 @@ def test_where_the_weights_write_no_valid_program_uniform_samples_fill_the_batch
     check, and tlm measured nothing in 128 trials (bench/results/gpu.md): the batch is now filled with uniform
     samples, which online fine-tuning can learn from. (Decoding within the GPU's limits, test_gpu_limits.py, now
     writes valid programs there; without them, as then, the weights write none.)"""
-    import json
-
     from tunecore.interfaces import TaskContext
     from tunecore.registry import Registry
     from tunecore.space import DesignSpace
@@ -562,10 +560,6 @@ def test_the_loop_writes_measures_and_fine_tunes_in_rounds_and_resumes(tmp_path)
 def test_a_batch_of_the_programs_tlm_writes_is_exported_with_its_report(tmp_path):
     """`dataset export-batch --search tlm`: tlm's first batch with nothing measured, built for timing elsewhere (a
     GPU without TVM's compiler), with what it wrote and how much of it was valid."""
-    import json
-
-    from tunecore.testing.cli import assert_one_line_exit_2, cli_json, run_cli
-
     out = cli_json(run_cli("dataset", "export-batch", "--model", "op:matmul-64", "--target", "llvm", "--per-task", "4",
                            "--search", "tlm", "-O", "search.rewrite=0", "--out", str(tmp_path / "b"), "--json"))
     assert out["programs"] == out["built"] == 4 and out["search"] == "tlm"
