@@ -38,6 +38,15 @@ def test_run_stores_records_and_resumes_with_the_difference(tmp_path):
         assert db.execute("SELECT COUNT(DISTINCT key) FROM records").fetchone()[0] == 12
 
 
+def test_best_of_a_store_without_measured_records_says_so(tmp_path):
+    store = str(tmp_path / "t.db")
+    assert run_cli("run", "--model", "op:matmul-64", "--trials", "0", "--store", store).returncode == 0  # tasks only
+    result = run_cli("records", "best", "--store", store, "--model", "op:matmul-64")
+    assert result.returncode == 0, result.stderr
+    assert "no task of model op:matmul-64 in the store has a measured record" in result.stdout
+    assert _json(run_cli("records", "best", "--store", store, "--json")) == []
+
+
 def test_human_output_has_a_summary_table(tmp_path):
     store = str(tmp_path / "s.db")
     result = run_cli("run", "--model", "op:matmul-64", "--trials", "4", "--store", store, "--cost-model", "xgb")

@@ -20,7 +20,7 @@ def add_commands(register: Any) -> None:
     listing.add_argument("--model", "-m", default=None, help="only tasks of this workload (as given to `run`)")
     best = sub.add_parser("best", help="the best record of each task, with its schedule")
     add_common(best, model=False, target=False)
-    best.add_argument("--model", "-m", default=None)
+    best.add_argument("--model", "-m", default=None, help="only tasks of this workload")
     export = sub.add_parser("export", help="write records in another tool's format")
     add_common(export, model=False, target=False, json_flag=False)
     export.add_argument("--format", choices=["metaschedule"], default="metaschedule")
@@ -108,6 +108,9 @@ def _records_best(args: argparse.Namespace, store: Any) -> int:
         print(json.dumps(out, indent=2))
         return 0
     console = render.console()
+    if not rows:  # say so rather than print nothing, which reads like a failure
+        of_model = f" of model {args.model}" if args.model else ""
+        console.print(f"no task{of_model} in the store has a measured record", markup=False, highlight=False)
     for r in rows:
         task = store.get_tasks(task_ids=[r["task_id"]])[0]
         console.rule(f"{r['name']}  ({r['model']})  best {render.ms(r['best'].latency)} ms at trial {r['best'].trial}")
