@@ -102,6 +102,8 @@ def test_records_export_import_round_trip(tmp_path):
     _json(run_cli("run", "--model", "op:matmul-64", "--trials", "5", "--store", store, "--json"))
     exported = run_cli("records", "export", "--format", "metaschedule", str(tmp_path / "ms"), "--store", store)
     assert exported.returncode == 0 and "wrote 5 records" in exported.stdout
+    unknown = run_cli("records", "export", str(tmp_path / "none"), "--store", store, "--model", "op:nosuch")
+    assert_one_line_exit_2(unknown, "no tasks of model 'op:nosuch'", "op:matmul-64")
     other = str(tmp_path / "b.db")
     imported = run_cli("records", "import", "--format", "metaschedule", str(tmp_path / "ms"), "--store", other)
     assert imported.returncode == 0 and "imported 5 records of 1 tasks" in imported.stdout

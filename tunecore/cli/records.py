@@ -56,11 +56,16 @@ def cmd_records(args: argparse.Namespace) -> int:
         store.close()
 
 
-def _task_rows(store: Any, model: str | None) -> list[dict[str, Any]]:
+def _tasks_of(store: Any, model: str | None) -> list[Any]:
     tasks = store.get_tasks(model=model)
     if model is not None and not tasks:
         models = sorted({t.model for t in store.get_tasks() if t.model})
         raise UsageError(f"the store has no tasks of model {model!r}; models in it: {', '.join(models) or 'none'}")
+    return tasks
+
+
+def _task_rows(store: Any, model: str | None) -> list[dict[str, Any]]:
+    tasks = _tasks_of(store, model)
     counts = store.counts([t.task_id for t in tasks])
     rows = []
     for t in tasks:
@@ -121,7 +126,7 @@ def _records_best(args: argparse.Namespace, store: Any) -> int:
 def _records_export(args: argparse.Namespace, store: Any) -> int:
     from tunecore.store.metaschedule import export_metaschedule
 
-    tasks = store.get_tasks(model=args.model)
+    tasks = _tasks_of(store, args.model)
     written = export_metaschedule(store, args.directory, tasks)
     print(f"wrote {written} records of {len(tasks)} tasks to {args.directory} (MetaSchedule JSONDatabase)")
     return 0
