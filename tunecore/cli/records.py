@@ -75,7 +75,7 @@ def _task_rows(store: Any, model: str | None) -> list[dict[str, Any]]:
             "name": t.name, "model": t.model, "task_id": t.task_id, "kernel_class": t.kernel_class, "weight": t.weight,
             "flops": t.flops, "trials": counts[t.task_id], "errors": sum(r.error is not None for r in records),
             "best_latency_s": best[0].latency if best else None, "best": best[0] if best else None,
-            "stored": records,
+            "stored": records, "task": t,
         })
     return rows
 
@@ -90,7 +90,7 @@ def _records_list(args: argparse.Namespace, store: Any) -> int:
                  "measured_at": r.measured_at, "device_id": r.device_id, "device": devices.get(r.device_id)}
                 for r in row["stored"]
             ]
-        print(json.dumps([{k: v for k, v in r.items() if k not in ("best", "stored")} for r in rows], indent=2))
+        print(json.dumps([{k: v for k, v in r.items() if k not in ("best", "stored", "task")} for r in rows], indent=2))
         return 0
     from rich.table import Table
 
@@ -117,9 +117,8 @@ def _records_best(args: argparse.Namespace, store: Any) -> int:
         of_model = f" of model {args.model}" if args.model else ""
         console.print(f"no task{of_model} in the store has a measured record", markup=False, highlight=False)
     for r in rows:
-        task = store.get_tasks(task_ids=[r["task_id"]])[0]
         console.rule(f"{r['name']}  ({r['model']})  best {render.ms(r['best'].latency)} ms at trial {r['best'].trial}")
-        console.print(str(r["best"].candidate(task).trace), markup=False, highlight=False)
+        console.print(str(r["best"].candidate(r["task"]).trace), markup=False, highlight=False)
     return 0
 
 
@@ -162,12 +161,11 @@ def _records_check(args: argparse.Namespace, store: Any) -> int:
     if type(store).mark_failed is RecordStore.mark_failed:
         raise UsageError(f"--store {args.store}: record store '{store.name}' cannot mark records as failed")
     rows = [r for r in _task_rows(store, args.model) if r["best"] is not None]
-    tasks = {t.task_id: t for t in store.get_tasks(task_ids=[r["task_id"] for r in rows])}
     measurers: dict[str, Any] = {}
     out = []
     try:
         for row in rows:
-            task = tasks[row["task_id"]]
+            task = row["task"]
             if task.target_json not in measurers:
                 try:
                     measurers[task.target_json] = LocalMeasurer(task.target)
