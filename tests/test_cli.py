@@ -47,6 +47,32 @@ def test_best_of_a_store_without_measured_records_says_so(tmp_path):
     assert _json(run_cli("records", "best", "--store", store, "--json")) == []
 
 
+def test_records_best_reads_only_the_bests_and_list_counts_errors(tmp_path, monkeypatch, capsys):
+    import argparse
+    import json
+
+    from tunecore import api
+    from tunecore.cli import records
+
+    path = str(tmp_path / "t.db")
+    assert run_cli("run", "--model", "op:matmul-64", "--trials", "3", "--store", path).returncode == 0
+    store = api.open_store(path, create=False)
+    try:
+        (task,) = store.get_tasks()
+        (failed,) = store.best(task.task_id)
+        store.mark_failed(task.task_id, failed.key, "wrong output")
+        args = argparse.Namespace(model=None, json=True, store=path)
+        records._records_list(args, store)
+        (listed,) = json.loads(capsys.readouterr().out)
+        assert listed["trials"] == 3 and listed["errors"] == 1
+        monkeypatch.setattr(store, "records", lambda task_id: pytest.fail("best loaded every record of a task"))
+        records._records_best(args, store)
+        (best,) = json.loads(capsys.readouterr().out)
+        assert best["name"] == "matmul-64" and best["latency_s"] > 0
+    finally:
+        store.close()
+
+
 def test_human_output_has_a_summary_table(tmp_path):
     store = str(tmp_path / "s.db")
     result = run_cli("run", "--model", "op:matmul-64", "--trials", "4", "--store", store, "--cost-model", "xgb")

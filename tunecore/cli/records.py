@@ -64,16 +64,18 @@ def _tasks_of(store: Any, model: str | None) -> list[Any]:
     return tasks
 
 
-def _task_rows(store: Any, model: str | None) -> list[dict[str, Any]]:
+def _task_rows(store: Any, model: str | None, with_records: bool = False) -> list[dict[str, Any]]:
+    """One row per task; its records ("stored", "errors") only when asked, as a large store's take seconds and GBs."""
     tasks = _tasks_of(store, model)
     counts = store.counts([t.task_id for t in tasks])
     rows = []
     for t in tasks:
         best = store.best(t.task_id)
-        records = store.records(t.task_id) if counts[t.task_id] else []
+        records = store.records(t.task_id) if with_records and counts[t.task_id] else []
         rows.append({
             "name": t.name, "model": t.model, "task_id": t.task_id, "kernel_class": t.kernel_class, "weight": t.weight,
-            "flops": t.flops, "trials": counts[t.task_id], "errors": sum(r.error is not None for r in records),
+            "flops": t.flops, "trials": counts[t.task_id],
+            "errors": sum(r.error is not None for r in records) if with_records else None,
             "best_latency_s": best[0].latency if best else None, "best": best[0] if best else None,
             "stored": records, "task": t,
         })
@@ -81,7 +83,7 @@ def _task_rows(store: Any, model: str | None) -> list[dict[str, Any]]:
 
 
 def _records_list(args: argparse.Namespace, store: Any) -> int:
-    rows = _task_rows(store, args.model)
+    rows = _task_rows(store, args.model, with_records=True)
     if args.json:
         devices = store.devices()
         for row in rows:
