@@ -65,7 +65,8 @@ def _tasks_of(store: Any, model: str | None) -> list[Any]:
 
 
 def _task_rows(store: Any, model: str | None, with_records: bool = False) -> list[dict[str, Any]]:
-    """One row per task; its records ("stored", "errors") only when asked, as a large store's take seconds and GBs."""
+    """One row per task; its records ("stored", "errors") only when asked: a large store's take seconds and
+    hundreds of MB to load."""
     tasks = _tasks_of(store, model)
     counts = store.counts([t.task_id for t in tasks])
     rows = []
