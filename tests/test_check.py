@@ -97,6 +97,7 @@ def test_records_check_marks_wrong_records_failed(matmul_task, tmp_path):
     out = cli_json(run_cli("records", "check", "--store", str(path), "--json"))
     (row,) = out
     assert [w["key"] for w in row["wrong"]] == [wrong.key] and row["best"] == good.key
+    assert row["best_latency_s"] == pytest.approx(1e-3)  # the stored latency, not the check's timing
     assert row["wrong"][0]["error"].startswith("wrong output: max relative error")
     store = SqliteStore(str(path))
     (failed,) = [r for r in store.records(matmul_task.task_id) if r.key == wrong.key]
@@ -105,6 +106,7 @@ def test_records_check_marks_wrong_records_failed(matmul_task, tmp_path):
     store.close()
     again = cli_json(run_cli("records", "check", "--store", str(path), "--json"))
     assert again[0]["wrong"] == [] and again[0]["best"] == good.key  # nothing left to find
+    assert again[0]["best_latency_s"] == pytest.approx(1e-3)
 
 
 def test_records_check_bad_input_is_one_line_and_exit_2(tmp_path):

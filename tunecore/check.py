@@ -107,10 +107,11 @@ def verify_best(store: Any, task: Any, measurer: Any, *, recheck: bool = False, 
     ``measurer`` (those checked when they were measured are trusted unless ``recheck``) until one passes; each
     that computes something else is marked failed in the store.
 
-    Returns {"best": the key of the best correct record or None, "checked": records checked now, "wrong":
-    [(key, error)], "unverified": [(key, why)]} (records that could not be checked now, left as they are).
+    Returns {"best": the key of the best correct record or None, "best_latency_s": its latency, "checked": records
+    checked now, "wrong": [(key, error)], "unverified": [(key, why)]} (records that could not be checked now, left
+    as they are).
     """
-    report: dict[str, Any] = {"best": None, "checked": 0, "wrong": [], "unverified": []}
+    report: dict[str, Any] = {"best": None, "best_latency_s": None, "checked": 0, "wrong": [], "unverified": []}
     passed: set[str] = set()
     skipped: set[str] = set()
     while True:
@@ -118,7 +119,7 @@ def verify_best(store: Any, task: Any, measurer: Any, *, recheck: bool = False, 
         if not ranked:
             return report
         if ranked[0].key in passed or (CHECKED in ranked[0].profile and not recheck):
-            report["best"] = ranked[0].key
+            report["best"], report["best_latency_s"] = ranked[0].key, ranked[0].latency
             return report
         pending = []
         for record in ranked:

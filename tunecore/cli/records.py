@@ -180,11 +180,10 @@ def _records_check(args: argparse.Namespace, store: Any) -> int:
                             "wrong": [], "best": None, "note": f"not checked: {measurer}"})
                 continue
             report = verify_best(store, task, measurer, recheck=args.recheck)
-            best = next((r for r in store.best(task.task_id, k=64) if r.key == report["best"]), None)
             note = "; ".join(f"{key[:8]} not checked: {why}" for key, why in report["unverified"])
             out.append({"name": task.name, "model": row["model"], "task_id": task.task_id,
                         "checked": report["checked"], "wrong": [{"key": k, "error": e} for k, e in report["wrong"]],
-                        "best": report["best"], "best_latency_s": best.latency if best else None, "note": note})
+                        "best": report["best"], "best_latency_s": report["best_latency_s"], "note": note})
     finally:
         for measurer in measurers.values():
             if not isinstance(measurer, str):
