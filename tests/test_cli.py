@@ -1,5 +1,7 @@
 """The command line as a user drives it: real TVM, real builds, tiny workloads."""
 
+import argparse
+import json
 import os
 import signal
 import sqlite3
@@ -47,10 +49,7 @@ def test_best_of_a_store_without_measured_records_says_so(tmp_path):
     assert _json(run_cli("records", "best", "--store", store, "--json")) == []
 
 
-def test_records_best_reads_only_the_bests_and_list_counts_errors(tmp_path, monkeypatch, capsys):
-    import argparse
-    import json
-
+def test_records_best_and_list_read_no_records_and_list_counts_errors(tmp_path, monkeypatch, capsys):
     from tunecore import api
     from tunecore.cli import records
 
@@ -64,11 +63,14 @@ def test_records_best_reads_only_the_bests_and_list_counts_errors(tmp_path, monk
         args = argparse.Namespace(model=None, json=True, store=path)
         records._records_list(args, store)
         (listed,) = json.loads(capsys.readouterr().out)
-        assert listed["trials"] == 3 and listed["errors"] == 1
-        monkeypatch.setattr(store, "records", lambda task_id: pytest.fail("best loaded every record of a task"))
+        assert listed["trials"] == 3 and listed["errors"] == 1 and len(listed["records"]) == 3
+        monkeypatch.setattr(store, "records", lambda task_id: pytest.fail("loaded every record of a task"))
         records._records_best(args, store)
         (best,) = json.loads(capsys.readouterr().out)
         assert best["name"] == "matmul-64" and best["latency_s"] > 0
+        records._records_list(argparse.Namespace(model=None, json=False, store=path), store)
+        (row,) = [line for line in capsys.readouterr().out.splitlines() if "matmul-64" in line]
+        assert [cell.strip() for cell in row.split("│")][4:6] == ["3", "1"]  # trials, errors
     finally:
         store.close()
 

@@ -198,6 +198,11 @@ class RecordStore(Component):
     def counts(self, task_ids: Sequence[str]) -> dict[str, int]:
         """Number of records (failures included) per task id."""
 
+    def failure_counts(self, task_ids: Sequence[str]) -> dict[str, int]:
+        """Number of failed records per task id. This default loads every record; a store that can count in
+        place should (``records list`` asks it of every task)."""
+        return {t: sum(r.error is not None for r in self.records(t)) for t in task_ids}
+
     def tasks_by_kernel_class(self, kernel_class: str, target_kind: str | None = None) -> list[Task]:
         """Every stored task of a kernel class (any model), optionally only for one target kind.
 

@@ -249,9 +249,15 @@ class PostgresStore(RecordStore):
             dict(error=error, profile=json.dumps(profile or {}), task_id=task_id, key=key)))
 
     def counts(self, task_ids: Sequence[str]) -> dict[str, int]:
+        return self._count(task_ids, "")
+
+    def failure_counts(self, task_ids: Sequence[str]) -> dict[str, int]:
+        return self._count(task_ids, " AND error IS NOT NULL")
+
+    def _count(self, task_ids: Sequence[str], condition: str) -> dict[str, int]:
         counts = dict.fromkeys(task_ids, 0)
         rows = self._read("SELECT task_id, COUNT(*) AS n FROM records WHERE task_id = ANY(CAST(:ids AS TEXT[]))"
-                          " GROUP BY task_id", ids=list(task_ids))
+                          f"{condition} GROUP BY task_id", ids=list(task_ids))
         counts.update({r["task_id"]: int(r["n"]) for r in rows})
         return counts
 

@@ -218,8 +218,14 @@ class SqliteStore(RecordStore):
                                 " WHERE task_id = ? AND key = ?", (error, json.dumps(merged), task_id, key))
 
     def counts(self, task_ids: Sequence[str]) -> dict[str, int]:
+        return self._count(task_ids, "")
+
+    def failure_counts(self, task_ids: Sequence[str]) -> dict[str, int]:
+        return self._count(task_ids, " WHERE error IS NOT NULL")
+
+    def _count(self, task_ids: Sequence[str], where: str) -> dict[str, int]:
         counts = dict.fromkeys(task_ids, 0)
-        for row in self.db.execute("SELECT task_id, COUNT(*) FROM records GROUP BY task_id"):
+        for row in self.db.execute(f"SELECT task_id, COUNT(*) FROM records{where} GROUP BY task_id"):
             if row[0] in counts:
                 counts[row[0]] = row[1]
         return counts

@@ -284,6 +284,7 @@ class RecordStoreConformance(_Suite):
         best = store.best(task.task_id, k=3)
         assert [r.key for r in best] == ["k6", "k5", "k4"]
         assert store.counts([task.task_id, "missing"]) == {task.task_id: 8, "missing": 0}
+        assert store.failure_counts([task.task_id, "missing"]) == {task.task_id: 2, "missing": 0}
         store.finish_run(run_id, {"status": "finished"})
         (run,) = store.runs()
         assert run["info"] == {"model": "m"} and run["summary"] == {"status": "finished"} and run["finished_at"]
