@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from tunecore.data import Record
 from tunecore.testing.cli import assert_one_line_exit_2, run_cli
 from tunecore.testing.cli import cli_json as _json
 from tunecore.testing.helpers import write_tiny_onnx
@@ -71,6 +72,11 @@ def test_records_best_and_list_read_no_records_and_list_counts_errors(tmp_path, 
         records._records_list(argparse.Namespace(model=None, json=False, store=path), store)
         (row,) = [line for line in capsys.readouterr().out.splitlines() if "matmul-64" in line]
         assert [cell.strip() for cell in row.split("│")][4:6] == ["3", "1"]  # trials, errors
+        stale = '[[["NoSuchInstruction", [], [], []]], []]'  # what a trace of another TVM can look like
+        store.commit([Record(task_id=task.task_id, key="stale", trace_json=stale, run_secs=[1e-9], origin="old")])
+        records._records_best(argparse.Namespace(model=None, json=False, store=path), store)
+        out = capsys.readouterr().out
+        assert "this trace does not replay on the task" in out and "NoSuchInstruction" in out
     finally:
         store.close()
 
