@@ -64,19 +64,21 @@ def _tasks_of(store: Any, model: str | None) -> list[Any]:
     return tasks
 
 
-def _task_rows(store: Any, model: str | None, with_records: bool = False) -> list[dict[str, Any]]:
-    """One row per task; its records ("stored") only when asked: a large store's take seconds and hundreds of
-    MB to load."""
+def _task_rows(store: Any, model: str | None, with_errors: bool = False,
+               with_records: bool = False) -> list[dict[str, Any]]:
+    """One row per task; its failure count ("errors": a scan of every record) and its records ("stored": a
+    large store's take seconds and hundreds of MB to load) only when asked."""
     tasks = _tasks_of(store, model)
     ids = [t.task_id for t in tasks]
-    counts, failures = store.counts(ids), store.failure_counts(ids)
+    counts = store.counts(ids)
+    failures = store.failure_counts(ids) if with_errors else {}
     rows = []
     for t in tasks:
         best = store.best(t.task_id)
         records = store.records(t.task_id) if with_records and counts[t.task_id] else []
         rows.append({
             "name": t.name, "model": t.model, "task_id": t.task_id, "kernel_class": t.kernel_class, "weight": t.weight,
-            "flops": t.flops, "trials": counts[t.task_id], "errors": failures[t.task_id],
+            "flops": t.flops, "trials": counts[t.task_id], "errors": failures.get(t.task_id),
             "best_latency_s": best[0].latency if best else None, "best": best[0] if best else None,
             "stored": records, "task": t,
         })
@@ -84,7 +86,7 @@ def _task_rows(store: Any, model: str | None, with_records: bool = False) -> lis
 
 
 def _records_list(args: argparse.Namespace, store: Any) -> int:
-    rows = _task_rows(store, args.model, with_records=args.json)
+    rows = _task_rows(store, args.model, with_errors=True, with_records=args.json)
     if args.json:
         devices = store.devices()
         for row in rows:
