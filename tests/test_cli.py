@@ -77,6 +77,7 @@ def test_records_best_and_list_read_no_records_and_list_counts_errors(tmp_path, 
         records._records_best(argparse.Namespace(model=None, json=False, store=path), store)
         out = capsys.readouterr().out
         assert "this trace does not replay on the task" in out and "NoSuchInstruction" in out
+        assert "Instruction kind NoSuchInstruction is not registered" in out  # TVM's reason, as error_line finds it
     finally:
         store.close()
 

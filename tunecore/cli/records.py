@@ -9,7 +9,7 @@ from typing import Any
 
 from tunecore.cli import Parser, render
 from tunecore.cli.args import add_common
-from tunecore.errors import UsageError
+from tunecore.errors import UsageError, error_line
 
 
 def add_commands(register: Any) -> None:
@@ -126,8 +126,7 @@ def _records_best(args: argparse.Namespace, store: Any) -> int:
         try:
             trace = str(r["best"].candidate(r["task"]).trace)
         except Exception as e:  # e.g. a store written by another TVM: show the trace as stored
-            reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            trace = f"(this trace does not replay on the task: {reason})\n{r['best'].trace_json}"
+            trace = f"(this trace does not replay on the task: {error_line(e)})\n{r['best'].trace_json}"
         console.print(trace, markup=False, highlight=False)
     return 0
 
