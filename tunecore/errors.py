@@ -25,6 +25,12 @@ class PluginError(UsageError):
     """A plugin problem: a duplicate or unknown component name, an incompatible combination."""
 
 
+def first_line(error: BaseException, limit: int = 1000) -> str:
+    """The first line of an error whose message names the problem first and adds hints after it (libpq, the
+    ONNX checker), where ``error_line`` would pick a hint."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:limit]
+
+
 def error_line(error: BaseException, limit: int = 1000) -> str:
     """The informative line of a (possibly remote, multi-line) error: the last 'SomethingError: ...' line."""
     lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]

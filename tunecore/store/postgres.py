@@ -18,7 +18,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from tunecore.data import Record, Task
-from tunecore.errors import UsageError
+from tunecore.errors import UsageError, first_line
 from tunecore.roles import RecordStore
 from tunecore.store.sqlite import FORMAT, SCHEMA_VERSION, record_from_row, run_from_row, task_from_row
 
@@ -93,11 +93,6 @@ _UPGRADES: dict[int, list[str]] = {
 }
 
 _TASK_COLUMNS = "t.*, m.model, m.name AS model_name, m.weight"
-
-
-def first_line(error: BaseException) -> str:
-    """libpq's message names the problem on its first line and adds hints after it."""
-    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 class PostgresStore(RecordStore):

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from tunecore.errors import UsageError
+from tunecore.errors import UsageError, first_line
 
 # Folding computes shapes, not weights: a node is folded only while its inputs and outputs stay this small.
 # TVM's FoldConstant handles arithmetic on weights after import, and a huge ConstantOfShape stays lazy.
@@ -39,12 +39,12 @@ def load_onnx(path: str, input_shapes: dict[str, tuple[int, ...]] | None = None)
         model = onnx.load(path)
         onnx.checker.check_model(model)
     except Exception as error:
-        raise UsageError(f"--model {path}: not a valid ONNX model ({_first_line(error)})") from None
+        raise UsageError(f"--model {path}: not a valid ONNX model ({first_line(error, 300)})") from None
     shapes = bind_input_shapes(model, input_shapes or {}, path)
     try:
         model = fold_static_shapes(model, shapes)
     except Exception as error:  # a value the file declares one way and holds another
-        raise UsageError(f"--model {path}: cannot evaluate its shape computations ({_first_line(error)})") from None
+        raise UsageError(f"--model {path}: cannot evaluate its shape computations ({first_line(error, 300)})") from None
     missing = unsupported_ops(model)
     if missing:
         raise UsageError(f"--model {path}: TVM's ONNX frontend has no converter for {', '.join(missing)}")
@@ -53,7 +53,7 @@ def load_onnx(path: str, input_shapes: dict[str, tuple[int, ...]] | None = None)
     try:
         mod = from_onnx(model, shape_dict=shapes, keep_params_in_input=False)
     except Exception as error:
-        raise UsageError(f"--model {path}: TVM's ONNX frontend cannot import it ({_first_line(error)})") from None
+        raise UsageError(f"--model {path}: TVM's ONNX frontend cannot import it ({first_line(error, 300)})") from None
     from tvm import relax
 
     return relax.transform.DecomposeOpsForInference()(mod)
@@ -249,6 +249,3 @@ def unsupported_ops(model: Any) -> list[str]:
     return sorted(t for t in types if t not in convert_map and t not in ("Constant", "If"))
 
 
-def _first_line(error: Exception) -> str:
-    text = str(error).strip().splitlines()
-    return (text[0] if text else type(error).__name__)[:300]
