@@ -39,6 +39,9 @@ def test_budget_counts_what_the_store_holds(matmul_task, target):
     keys = [r.key for r in store.records(matmul_task.task_id)]
     assert len(set(keys)) == 30
     assert [r.trial for r in store.records(matmul_task.task_id)] == list(range(30))
+    state, = _tuner(store, target)._restore_states([matmul_task])  # a third run: one round per earlier run
+    assert (state.rounds, state.trials, len(state.history), len(state.measured)) == (2, 30, 30, 30)
+    assert state.best_history[-1] == state.best == min(r.latency for r in store.records(matmul_task.task_id))
 
 
 def test_another_workloads_records_on_a_shared_kernel_do_not_use_up_the_budget(matmul_task, target):

@@ -206,7 +206,8 @@ SCHEDULERS = {cls.name: cls for cls in (GradientScheduler, FlopsWarmupGradientSc
 
 
 def restored_state(task: Task, records: Sequence[Record]) -> TaskState:
-    """A task's state from its stored records, one round per run that measured them (e.g. per imported batch)."""
+    """A task's state from its stored records, one round per run that measured them (an earlier run, an imported
+    batch), as a resumed run and a batch plan both see it."""
     state = TaskState(task)
     by_run: dict[int | None, list[Record]] = {}
     for r in records:

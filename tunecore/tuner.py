@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 from tunecore.data import Record, Task, distinct
 from tunecore.roles import CostModel, Measurer, RecordStore, SearchPolicy, TaskContext
-from tunecore.schedulers import SCHEDULERS, TaskState
+from tunecore.schedulers import SCHEDULERS, TaskState, restored_state
 from tunecore.summary import RunSummary, estimated_latency, summarize
 
 PHASES = ("search", "measure", "store", "learn")
@@ -149,12 +149,8 @@ class Tuner:
     def _restore_states(self, tasks: Sequence[Task]) -> list[TaskState]:
         states = []
         for task in tasks:
-            state = TaskState(task, history=self.store.records(task.task_id))
-            if state.history:
-                state.add_round(state.history)
-                state.failed_rounds = 0
-                state.done_reason = None
-            states.append(state)
+            history = self.store.records(task.task_id)
+            states.append(dataclasses.replace(restored_state(task, history), history=history))
         return states
 
     def _round(self, state: TaskState, n: int, trial_base: int, run_id: int) -> list[Record]:
