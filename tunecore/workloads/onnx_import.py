@@ -247,5 +247,3 @@ def unsupported_ops(model: Any) -> list[str]:
 
     collect(model.graph.node)
     return sorted(t for t in types if t not in convert_map and t not in ("Constant", "If"))
-
-
