@@ -16,7 +16,7 @@ import types
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from tunecore.errors import UsageError
+from tunecore.errors import UsageError, first_line
 
 # public (see tunecore.interfaces): what plugins may import from this module
 __all__ = ["cpu_lineage", "data_caches", "device_descriptor", "device_id", "host_target", "model_threads",
@@ -164,7 +164,7 @@ def resolve_target(spec: str | None) -> Any:
         try:
             return tvm.target.Target(spec, host=host_target())
         except Exception as error:
-            raise UsageError(f"--target {spec}: {str(error).splitlines()[0]}") from None
+            raise UsageError(f"--target {spec}: {first_line(error)}") from None
     raise UsageError(f'--target {spec!r}: use llvm, cuda, a TVM tag such as nvidia/nvidia-a100 or a JSON dict such as '
                      '\'{"kind": "llvm", "mcpu": "haswell"}\'')
 
@@ -176,7 +176,7 @@ def _make_target(config: dict, spec: str) -> Any:
     try:
         target = tvm.target.Target(config)
     except Exception as error:  # TVM raises ValueError/TVMError with multi-line text
-        raise UsageError(f"--target {spec}: {str(error).splitlines()[0]}") from None
+        raise UsageError(f"--target {spec}: {first_line(error)}") from None
     if target.kind.name == "llvm" and "mcpu" in config:
         triple = config.get("mtriple") or str(codegen.llvm_get_system_triple())
         if not codegen.llvm_is_valid_cpu(config["mcpu"], triple):

@@ -25,7 +25,7 @@ import time
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from tunecore.data import spread
-from tunecore.errors import UsageError
+from tunecore.errors import UsageError, first_line
 
 if TYPE_CHECKING:
     from tunecore.data import Record, Task
@@ -241,7 +241,7 @@ class Dataset:
         try:
             schema = pq.read_schema(path)
         except (pa.ArrowException, OSError) as error:
-            raise UsageError(f"{path}: not a Parquet file ({str(error).splitlines()[0][:120]})") from None
+            raise UsageError(f"{path}: not a Parquet file ({first_line(error, 120)})") from None
         meta = {k.decode(): v.decode() for k, v in (schema.metadata or {}).items()}
         if meta.get("format") != FORMAT:
             raise UsageError(f"{path}: a Parquet file, but not a {FORMAT} file")

@@ -15,7 +15,7 @@ import re
 from typing import Any, Callable, Sequence
 
 from tunecore.data import Task, task_id_for
-from tunecore.errors import UsageError
+from tunecore.errors import UsageError, first_line
 
 
 @dataclasses.dataclass
@@ -159,7 +159,7 @@ def _load_relax_json(path: str) -> Any:
             mod = tvm.ir.load_json(f.read())
     except Exception as error:
         raise UsageError(f"--model {path}: not a Relax IRModule saved by tvm.ir.save_json "
-                         f"({str(error).splitlines()[0][:200]})") from None
+                         f"({first_line(error, 200)})") from None
     if not isinstance(mod, tvm.IRModule) or not any(isinstance(f, relax.Function) for f in mod.functions.values()):
         raise UsageError(f"--model {path}: the JSON holds no Relax function")
     return mod
@@ -264,7 +264,7 @@ def extract_tasks(workload: Workload, target: Any) -> list[Task]:
             extracted += ms.relax_integration.extract_tasks(tuning_module(workload, target, frozenset({ALL})), target)
     except Exception as error:  # TVM cannot lower this model: the user's model, the user's problem
         raise UsageError(f"--model {workload.name}: TVM cannot legalize/fuse it: "
-                         f"{(str(error).splitlines() or [type(error).__name__])[0][:300]}") from None
+                         f"{first_line(error, 300)}") from None
     tasks = [
         make_task(t.dispatched[0], target, name=t.task_name, kernel_class=kernel_class_of(t.dispatched[0], t.task_name),
                   model=workload.name, weight=int(t.weight))
