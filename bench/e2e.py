@@ -35,6 +35,7 @@ import numpy as np
 
 from tunecore import experiments
 from tunecore.cli.args import duration
+from tunecore.errors import first_line
 from tunecore.experiments import command_line, environment, ratio_range, write_results
 
 NETWORKS = ("resnet-18", "mobilenet-v2", "bert-base", "resnext", "convnext")
@@ -132,7 +133,7 @@ def variants(name: str, model: Any, x: np.ndarray, onnx_path: str, store: str, m
 
         out["pytorch torch.compile"] = run_compiled
     except Exception as error:
-        out["pytorch torch.compile"] = _failing(f"{type(error).__name__}: {str(error).splitlines()[0][:200]}")
+        out["pytorch torch.compile"] = _failing(f"{type(error).__name__}: {first_line(error, 200)}")
 
     options = ort.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
@@ -154,7 +155,7 @@ def variants(name: str, model: Any, x: np.ndarray, onnx_path: str, store: str, m
         try:  # a build that fails is a result of the benchmark
             executable, covered = make()
         except Exception as error:
-            out[label] = _failing(f"{type(error).__name__}: {str(error).splitlines()[0][:200]}")
+            out[label] = _failing(f"{type(error).__name__}: {first_line(error, 200)}")
             continue
         runnable = Runnable(executable, workload, target, [x])
         out[label if covered is None else f"{label} ({covered} tasks)"] = lambda r=runnable: r.outputs()[0]

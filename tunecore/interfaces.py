@@ -9,7 +9,7 @@ fails when a shipped plugin imports one, or a name a public module does not list
 
 from tunecore.check import task_inputs
 from tunecore.data import Candidate, MeasureResult, Record, Task, distinct
-from tunecore.errors import MeasurerUnavailable, UsageError, error_line
+from tunecore.errors import MeasurerUnavailable, UsageError, error_line, first_line
 from tunecore.features import N_DEVICE_FEATURES, N_FEATURES, PerStoreFeatures, device_features, program_row
 from tunecore.measure.local import LocalBuilder, OutputCheck
 from tunecore.measure.worker import PACK, checked_arguments, compare_outputs
@@ -49,7 +49,7 @@ __all__ = [
     "MeasureResult", "Measurer", "MeasurerUnavailable", "N_DEVICE_FEATURES", "N_FEATURES", "OutputCheck", "PACK",
     "PerStoreFeatures", "Profiler", "Progress", "ROLES", "ROLE_LABELS", "Record", "RecordStore", "Runner",
     "SearchPolicy", "Task", "TaskContext", "UsageError", "build_library", "check_options", "checked_arguments",
-    "compare_outputs", "derive_seed", "device_features", "distinct", "error_line", "has_kernel", "is_int",
+    "compare_outputs", "derive_seed", "device_features", "distinct", "error_line", "first_line", "has_kernel", "is_int",
     "is_number", "load_checkpoint", "load_model_json", "load_model_torch", "new_schedule", "program_row",
     "replay_trace_json", "save_checkpoint", "save_model_json", "save_model_torch", "target_from_json",
     "target_to_json", "task_inputs", "to_plain",

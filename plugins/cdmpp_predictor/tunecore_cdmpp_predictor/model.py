@@ -39,6 +39,7 @@ from tunecore.interfaces import (
     N_DEVICE_FEATURES,
     N_FEATURES,
     UsageError,
+    first_line,
     load_checkpoint,
     load_model_torch,
     save_checkpoint,
@@ -408,8 +409,7 @@ class Predictor:
         try:
             predictor._module().load_state_dict(state_dict)
         except (KeyError, RuntimeError) as e:
-            raise UsageError(f"{path}: weights do not fit the architecture it names ({str(e).splitlines()[0]})") \
-                from None
+            raise UsageError(f"{path}: weights do not fit the architecture it names ({first_line(e)})") from None
         if metadata["normalizer"] is not None:
             predictor.normalizer = Normalizer(**metadata["normalizer"])
         predictor.trained_on = metadata.get("trained_on", {})
