@@ -30,6 +30,14 @@ def test_compile_of_an_operator_checks_outputs_and_reports_its_speedup(tmp_path)
     report = _json(run_cli("compile", "--model", "op:matmul-64", "--store", store, "-o", str(library), "--json"))
     assert report["outputs_match"] is True and report["tasks_tuned"] == report["tasks_total"] == 1
     assert report["speedup"] == pytest.approx(report["untuned_latency_ms"] / report["latency_ms"])
+    # both builds timed in the same 5 alternating passes; the latency is the median pass, the speedup's range
+    # is from the worst pairing of passes to the best
+    assert len(report["latency_passes_ms"]) == len(report["untuned_passes_ms"]) == 5
+    assert report["latency_ms"] == pytest.approx(float(np.median(report["latency_passes_ms"])))
+    assert report["untuned_latency_ms"] == pytest.approx(float(np.median(report["untuned_passes_ms"])))
+    low, high = report["speedup_range"]
+    assert low <= report["speedup"] <= high
+    assert low == pytest.approx(min(report["untuned_passes_ms"]) / max(report["latency_passes_ms"]))
     assert library.stat().st_size > 0
 
 

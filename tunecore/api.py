@@ -219,7 +219,7 @@ def _choose_layout(config: TuneConfig, target: Any, tuner: Callable[[], Any], st
     layout changes (no 2-D conv) is left as it is, unmeasured."""
     import math
 
-    from tunecore.compile import Runnable, best_database, build, choose_winograd, random_inputs
+    from tunecore.compile import Runnable, best_database, build, choose_winograd, passes_together, random_inputs
     from tunecore.layouts import DEFAULT, LAYOUTS
     from tunecore.targets import use_target_threads
     from tunecore.winograd import LAYOUTS as WINOGRAD_LAYOUTS
@@ -251,10 +251,8 @@ def _choose_layout(config: TuneConfig, target: Any, tuner: Callable[[], Any], st
         database, covered = best_database(store, tasks[layout], target)
         runnables[layout] = Runnable(build(workload, target, database), workload, target, random_inputs(workload))
         probes[layout] = {"trials": summary["trials_total"], "tasks": len(tasks[layout]), "tasks_tuned": covered}
-    samples: dict[str, list[float]] = {layout: [] for layout in runnables}
-    for turn in range(5):  # alternating passes, so that the machine's drift falls on every layout alike
-        for layout in (list(runnables) if turn % 2 == 0 else list(runnables)[::-1]):
-            samples[layout].append(runnables[layout].time(1, min_repeat_ms=300))
+    samples = passes_together({layout: (lambda r=r: r.time(1, min_repeat_ms=300)) for layout, r in runnables.items()},
+                              5)
     for layout, times in samples.items():
         probes[layout]["latency_ms"] = round(sorted(times)[len(times) // 2] * 1e3, 4)
     chosen = min(probes, key=lambda layout: probes[layout]["latency_ms"])

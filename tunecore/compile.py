@@ -1,13 +1,13 @@
 """End-to-end compile of a workload with the best stored schedules (``tunecore compile``).
 
 The tuned build is checked against the untuned build of the same module on the same random inputs,
-and both are timed in this process, one after the other, the same way.
+and both are timed in this process the same way, in alternating passes.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -197,6 +197,27 @@ def num_input(workload: Workload) -> int | None:
     return int(attrs["num_input"]) if workload.is_network and "num_input" in attrs else None
 
 
+def pass_orders(names: Sequence[str], passes: int, seed: int | None = None) -> list[list[str]]:
+    """The order of ``names`` in each of ``passes`` passes, so that the machine's drift within an experiment
+    falls on all of them alike: alternately forwards and backwards, or, with ``seed``, a random
+    permutation per pass (numpy's generator, so that a seed gives the same orders everywhere)."""
+    names = list(names)
+    if seed is None:
+        return [names if p % 2 == 0 else names[::-1] for p in range(passes)]
+    rng = np.random.default_rng(seed)
+    return [[names[j] for j in rng.permutation(len(names))] for _ in range(passes)]
+
+
+def passes_together(timers: dict[str, Callable[[], float]], passes: int,
+                    seed: int | None = None) -> dict[str, list[float]]:
+    """Seconds from each timer in each pass over all of them, in the orders of ``pass_orders``."""
+    samples: dict[str, list[float]] = {name: [] for name in timers}
+    for order in pass_orders(list(timers), passes, seed):
+        for name in order:
+            samples[name].append(timers[name]())
+    return samples
+
+
 class Runnable:
     """Calls and times an executable the same way for networks (Relax VM) and single operators."""
 
@@ -258,13 +279,14 @@ def _flatten(value: Any) -> list:
 
 def compile_and_check(workload: Workload, target: Any, store: RecordStore, *, output: str | None = None,
                       repeat: int = 5, min_repeat_ms: int = 200) -> dict[str, Any]:
-    """Build tuned and untuned, compare outputs, time both the same way (median of ``repeat`` timings, each
-    as many calls as fill ``min_repeat_ms``). Returns the report ``tunecore compile --json`` prints.
+    """Build tuned and untuned, compare outputs, time both the same way: ``repeat`` alternating passes (so that
+    the machine's drift falls on both alike), each pass as many calls as fill ``min_repeat_ms``; the latency is
+    the median pass. Returns the report ``tunecore compile --json`` prints.
 
     When the outputs differ, each task's best record is checked on its own (tunecore.check.verify_best): the
     wrong ones are marked failed in the store, and the model is built again with the best correct record of
     each task. With no record for any of the workload's tasks nothing was tuned: the untuned build is checked
-    (against the model's framework) and timed once, and ``speedup`` is None.
+    (against the model's framework) and timed alone, and ``speedup`` and ``speedup_range`` are None.
     """
     from tvm.s_tir import meta_schedule as ms
 
@@ -305,8 +327,10 @@ def compile_and_check(workload: Workload, target: Any, store: RecordStore, *, ou
             reference_error, reference_wrong = mismatch(got, reference)
         else:
             reference_error, reference_wrong = float("inf"), "outputs of other shapes"
-    untuned_latency = untuned_run.time(repeat, min_repeat_ms)
-    latency = tuned_run.time(repeat, min_repeat_ms) if covered else untuned_latency
+    runs = {"untuned": untuned_run, **({"tuned": tuned_run} if covered else {})}
+    passes = passes_together({name: (lambda r=r: r.time(1, min_repeat_ms)) for name, r in runs.items()}, repeat)
+    untuned_passes, tuned_passes = passes["untuned"], passes.get("tuned", passes["untuned"])
+    untuned_latency, latency = float(np.median(untuned_passes)), float(np.median(tuned_passes))
     if output:
         tuned.export_library(output)
     return {
@@ -317,7 +341,12 @@ def compile_and_check(workload: Workload, target: Any, store: RecordStore, *, ou
         "tasks_tuned": covered,
         "latency_ms": latency * 1e3,
         "untuned_latency_ms": untuned_latency * 1e3,
+        "latency_passes_ms": [t * 1e3 for t in tuned_passes],
+        "untuned_passes_ms": [t * 1e3 for t in untuned_passes],
         "speedup": untuned_latency / latency if covered else None,  # nothing tuned: no speedup to speak of
+        # from the untuned build's fastest pass over the tuned one's slowest to its slowest over the tuned fastest
+        "speedup_range": ([min(untuned_passes) / max(tuned_passes), max(untuned_passes) / min(tuned_passes)]
+                          if covered else None),
         "outputs_match": wrong is None and reference_wrong is None,
         "max_relative_error": error,
         "reference": workload.reference_name or None,

@@ -45,7 +45,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
     elif not report["tasks_tuned"]:
         render.console().print(
-            f"{report['model']}: untuned {report['untuned_latency_ms']:.4g} ms; outputs "
+            f"{report['model']}: untuned {_ms(report['untuned_latency_ms'], report['untuned_passes_ms'])}; outputs "
             f"{'match' if report['outputs_match'] else 'DIFFER'}"
             + (f" (against {report['reference']} {report['reference_relative_error']:.2g})" if report["reference"]
                else ""), markup=False)
@@ -55,8 +55,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
                 f"the best records of {', '.join(report['wrong_records'])} compute something else: marked failed in "
                 "the store; built with the best correct record of each instead", markup=False)
         render.console().print(
-            f"{report['model']}: tuned {report['latency_ms']:.4g} ms, untuned {report['untuned_latency_ms']:.4g} ms "
-            f"({report['speedup']:.2f}x); {report['tasks_tuned']}/{report['tasks_total']} tasks had records; "
+            f"{report['model']}: tuned {_ms(report['latency_ms'], report['latency_passes_ms'])}, untuned "
+            f"{_ms(report['untuned_latency_ms'], report['untuned_passes_ms'])} ({report['speedup']:.2f}x, "
+            f"{report['speedup_range'][0]:.2f}-{report['speedup_range'][1]:.2f}x over "
+            f"{len(report['latency_passes_ms'])} alternating passes); "
+            f"{report['tasks_tuned']}/{report['tasks_total']} tasks had records; "
             f"outputs {'match' if report['outputs_match'] else 'DIFFER'} "
             f"(max relative error {report['max_relative_error']:.2g}"
             + (f"; against {report['reference']} {report['reference_relative_error']:.2g}" if report["reference"]
@@ -68,3 +71,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
               + (f" or {report['reference']}'s" if report["reference"] else ""), file=sys.stderr)
         return 1
     return 0
+
+
+def _ms(median: float, passes: list[float]) -> str:
+    return f"{median:.4g} ms ({min(passes):.4g}-{max(passes):.4g})"

@@ -243,5 +243,6 @@ def _end_to_end(compile_and_check: Callable, workload: Any, target: Any, store_f
         return {"error": f"{type(error).__name__}: {error}"}
     finally:
         store.close()
-    return {k: report[k] for k in ("latency_ms", "untuned_latency_ms", "speedup", "outputs_match",
-                                    "max_relative_error", "tasks_tuned", "tasks_total", "threads")}
+    return {k: report[k] for k in ("latency_ms", "untuned_latency_ms", "latency_passes_ms", "untuned_passes_ms",
+                                    "speedup", "speedup_range", "outputs_match", "max_relative_error",
+                                    "tasks_tuned", "tasks_total", "threads")}

@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Sequence
 
+from tunecore.compile import pass_orders, passes_together
+
 
 def build_from_store(workload, tasks: list, target, store_file: str) -> tuple[Any, int]:
     """The workload built with the best records of a SQLite store, as `tunecore compile` builds it;
@@ -24,18 +26,6 @@ def build_from_store(workload, tasks: list, target, store_file: str) -> tuple[An
     finally:
         store.close()
     return build(workload, target, database), covered
-
-def pass_orders(names: Sequence[str], passes: int, seed: int | None = None) -> list[list[str]]:
-    """The order of ``names`` in each of ``passes`` passes, so that the machine's drift within an experiment
-    falls on all of them alike: alternately forwards and backwards, or, with ``seed``, a random
-    permutation per pass (numpy's generator, so that a seed gives the same orders everywhere)."""
-    import numpy as np
-
-    names = list(names)
-    if seed is None:
-        return [names if p % 2 == 0 else names[::-1] for p in range(passes)]
-    rng = np.random.default_rng(seed)
-    return [[names[j] for j in rng.permutation(len(names))] for _ in range(passes)]
 
 def median_call_seconds(function: Callable[[], Any]) -> float:
     """One pass: calls for at least 0.3 s (and at least 2), median seconds per call."""
@@ -56,15 +46,6 @@ def ratio_range(reference_passes: Sequence[float], own_passes: Sequence[float]) 
         return ""
     return f" ({min(reference_passes) / max(own_passes):.2f}-{max(reference_passes) / min(own_passes):.2f})"
 
-
-def passes_together(timers: dict[str, Callable[[], float]], passes: int,
-                    seed: int | None = None) -> dict[str, list[float]]:
-    """Seconds from each timer in each pass over all of them, in the orders of ``pass_orders``."""
-    samples: dict[str, list[float]] = {name: [] for name in timers}
-    for order in pass_orders(list(timers), passes, seed):
-        for name in order:
-            samples[name].append(timers[name]())
-    return samples
 
 def time_builds_together(model: str, stores: dict[str, str], passes: int) -> dict:
     """Build untuned + one build per store; check outputs; median latency over alternating passes."""
