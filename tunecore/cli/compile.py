@@ -56,9 +56,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
                 "the store; built with the best correct record of each instead", markup=False)
         render.console().print(
             f"{report['model']}: tuned {_ms(report['latency_ms'], report['latency_passes_ms'])}, untuned "
-            f"{_ms(report['untuned_latency_ms'], report['untuned_passes_ms'])} ({report['speedup']:.2f}x, "
-            f"{report['speedup_range'][0]:.2f}-{report['speedup_range'][1]:.2f}x over "
-            f"{len(report['latency_passes_ms'])} alternating passes); "
+            f"{_ms(report['untuned_latency_ms'], report['untuned_passes_ms'])}, {report['speedup']:.2f}x "
+            f"({report['speedup_range'][0]:.2f}-{report['speedup_range'][1]:.2f}) over "
+            f"{len(report['latency_passes_ms'])} alternating passes; "
             f"{report['tasks_tuned']}/{report['tasks_total']} tasks had records; "
             f"outputs {'match' if report['outputs_match'] else 'DIFFER'} "
             f"(max relative error {report['max_relative_error']:.2g}"
