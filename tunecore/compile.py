@@ -218,6 +218,13 @@ def passes_together(timers: dict[str, Callable[[], float]], passes: int,
     return samples
 
 
+def ratio_bounds(reference_passes: Sequence[float], own_passes: Sequence[float]) -> list[float]:
+    """[low, high] of reference / own time over two variants' passes: the reference's fastest pass over this
+    one's slowest, and its slowest over this one's fastest. Only a range wholly above 1 (this one faster) or below
+    it (slower) is a difference beyond the spread."""
+    return [min(reference_passes) / max(own_passes), max(reference_passes) / min(own_passes)]
+
+
 class Runnable:
     """Calls and times an executable the same way for networks (Relax VM) and single operators."""
 
@@ -344,9 +351,7 @@ def compile_and_check(workload: Workload, target: Any, store: RecordStore, *, ou
         "latency_passes_ms": [t * 1e3 for t in tuned_passes],
         "untuned_passes_ms": [t * 1e3 for t in untuned_passes],
         "speedup": untuned_latency / latency if covered else None,  # nothing tuned: no speedup to speak of
-        # from the untuned build's fastest pass over the tuned one's slowest to its slowest over the tuned fastest
-        "speedup_range": ([min(untuned_passes) / max(tuned_passes), max(untuned_passes) / min(tuned_passes)]
-                          if covered else None),
+        "speedup_range": ratio_bounds(untuned_passes, tuned_passes) if covered else None,
         "outputs_match": wrong is None and reference_wrong is None,
         "max_relative_error": error,
         "reference": workload.reference_name or None,

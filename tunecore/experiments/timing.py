@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Sequence
 
-from tunecore.compile import pass_orders, passes_together
+from tunecore.compile import pass_orders, passes_together, ratio_bounds
 
 
 def build_from_store(workload, tasks: list, target, store_file: str) -> tuple[Any, int]:
@@ -39,12 +39,11 @@ def median_call_seconds(function: Callable[[], Any]) -> float:
     return float(np.median(times))
 
 def ratio_range(reference_passes: Sequence[float], own_passes: Sequence[float]) -> str:
-    """' (low-high)' of reference / own time over two variants' passes: the reference's slowest pass over this
-    one's fastest, and its fastest over this one's slowest. Only a range wholly above 1 (this one faster) or below
-    it (slower) is a difference beyond the spread; '' without passes."""
+    """' (low-high)' of ``ratio_bounds``; '' without passes."""
     if not reference_passes or not own_passes:
         return ""
-    return f" ({min(reference_passes) / max(own_passes):.2f}-{max(reference_passes) / min(own_passes):.2f})"
+    low, high = ratio_bounds(reference_passes, own_passes)
+    return f" ({low:.2f}-{high:.2f})"
 
 
 def time_builds_together(model: str, stores: dict[str, str], passes: int) -> dict:
