@@ -24,7 +24,7 @@ import sys
 import tempfile
 
 from tunecore import experiments
-from tunecore.experiments import command_line, environment, pass_orders, run_tunecore, write_results
+from tunecore.experiments import command_line, environment, pass_orders, ratio_bounds, run_tunecore, write_results
 
 SEARCHES = {"random": "none", "ansor": "xgb", "transfer": "cdmpp", "tlm": "none"}
 
@@ -167,7 +167,7 @@ def markdown(report: dict) -> str:
                          f"{min(passes) / m['candidates'] * 1e3:.0f}-{max(passes) / m['candidates'] * 1e3:.0f} | "
                          f"{'/'.join(map(str, m['failed'][name]))} |")
         checked, unchecked = m["passes_s"].values()
-        low, high = min(checked) / max(unchecked) - 1, max(checked) / min(unchecked) - 1
+        low, high = (bound - 1 for bound in ratio_bounds(checked, unchecked))
         lines += ["", f"Measuring with the check relative to without: {low * 100:+.1f}% to {high * 100:+.1f}% (worst "
                       "pairing of passes each way).", ""]
     if "cost" in report:
@@ -188,8 +188,8 @@ def markdown(report: dict) -> str:
                          f"{'/'.join(str(r['errors']) for r in runs)} | "
                          f"{spread([r['estimated_latency_ms'] for r in runs], 2)} |")
         (checked, unchecked) = report["cost"].values()
-        low = min(r["wall_s"] for r in checked) / max(r["wall_s"] for r in unchecked) - 1
-        high = max(r["wall_s"] for r in checked) / min(r["wall_s"] for r in unchecked) - 1
+        low, high = (bound - 1 for bound in ratio_bounds([r["wall_s"] for r in checked],
+                                                         [r["wall_s"] for r in unchecked]))
         lines += ["", f"Wall time with the check relative to without: {low * 100:+.1f}% to {high * 100:+.1f}% "
                       "(worst pairing of passes each way).", ""]
     if "searches" in report:

@@ -34,6 +34,7 @@ from tunecore.experiments.timing import (
     median_call_seconds,
     pass_orders,
     passes_together,
+    ratio_bounds,
     ratio_range,
     remeasure_passes,
     remeasure_together,
@@ -43,7 +44,7 @@ from tunecore.experiments.timing import (
 __all__ = [
     "BUILDER_TIMEOUT_S", "MADE_ON", "best_candidates", "best_programs", "build_from_store", "cached_run",
     "command_line", "dataset_line", "dataset_record", "dataset_target", "environment", "environment_line",
-    "labelled_paths", "median_call_seconds", "pass_orders", "passes_together", "ratio_range", "remeasure_passes",
-    "remeasure_together", "remove_sqlite", "run_metaschedule", "run_metaschedule_for", "run_timed", "run_tunecore",
-    "script_parser", "split_tables", "time_builds_together", "write_results",
+    "labelled_paths", "median_call_seconds", "pass_orders", "passes_together", "ratio_bounds", "ratio_range",
+    "remeasure_passes", "remeasure_together", "remove_sqlite", "run_metaschedule", "run_metaschedule_for", "run_timed",
+    "run_tunecore", "script_parser", "split_tables", "time_builds_together", "write_results",
 ]
